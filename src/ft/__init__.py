@@ -1,0 +1,3 @@
+"""ft: fine-tune large language models from one declarative YAML recipe."""
+
+__version__ = "0.1.0"

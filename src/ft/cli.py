@@ -1,0 +1,96 @@
+"""The ``ft`` command. Commands stay thin; heavy modules are imported inside them, so ``ft --help``
+and ``ft validate`` start fast and never import torch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Fine-tune large language models from one declarative YAML recipe.",
+    pretty_exceptions_enable=False,
+)
+
+RecipeArg = Annotated[Path, typer.Argument(help="Path to the recipe YAML file.", show_default=False)]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe key, e.g. --set train.max_steps=10 (value parsed as YAML)."),
+]
+
+EXIT_INVALID = 2
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load(recipe: Path, overrides: list[str] | None):
+    from .recipe import RecipeError, load_recipe
+
+    try:
+        loaded = load_recipe(recipe, overrides or [])
+    except RecipeError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_INVALID) from None
+    for warning in loaded.warnings:
+        _err("warning: " + warning.render())
+    return loaded
+
+
+@app.command()
+def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
+    """Check a recipe and print it resolved (defaults filled in), or list every problem at once."""
+    from .recipe.redact import resolved_recipe_yaml
+
+    loaded = _load(recipe, set_)
+    print(resolved_recipe_yaml(loaded.recipe), end="")
+
+
+@app.command()
+def train(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    resume: Annotated[
+        str, typer.Option(help="auto (newest complete checkpoint), never, or a checkpoint path.")
+    ] = "auto",
+) -> None:
+    """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
+    loaded = _load(recipe, set_)
+    from .checkpoints import ResumeError
+    from .data import DataError
+    from .models import ModelLoadError
+    from .recipe import RecipeError
+    from .run import train as run_train
+
+    try:
+        result = run_train(loaded, resume=resume, say=_err)
+    except RecipeError as exc:
+        _err(str(exc))
+        raise typer.Exit(EXIT_INVALID) from None
+    except (DataError, ModelLoadError, ResumeError) as exc:
+        _err(f"ft: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of recipes (for editors: yaml-language-server)."""
+    import json
+
+    from .recipe.json_schema import recipe_json_schema
+
+    print(json.dumps(recipe_json_schema(), indent=1))
+
+
+def main() -> None:
+    app(prog_name="ft")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What this machine can do, the defaults that follow from it, and the rules that depend on it.
+
+TRL's configs default to ``bf16=True`` and ``gradient_checkpointing=True`` everywhere; on a CPU both
+make training several times slower (or fail), so ft turns them off there. A value the recipe sets
+always wins. These checks run at the start of ``ft train``, before any model or data loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .recipe import Problem, Recipe
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cuda: bool
+    bf16: bool
+    devices: int
+    name: str
+
+    @property
+    def summary(self) -> str:
+        return f"{self.devices}× {self.name}" if self.cuda else "CPU (no CUDA device)"
+
+
+def probe() -> Hardware:
+    import torch
+
+    if torch.cuda.is_available():
+        return Hardware(True, torch.cuda.is_bf16_supported(), torch.cuda.device_count(),
+                        torch.cuda.get_device_name(0))
+    return Hardware(False, False, 0, "cpu")
+
+
+def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
+    """Trainer arguments ft chooses for this machine, for the keys the recipe leaves unset."""
+    explicit = recipe.train_args
+    if hw.cuda:
+        # TRL's own default, restated under transformers' new name so it warns of no deprecation
+        defaults = {"bf16": hw.bf16, "activation_checkpointing": True}
+    else:
+        defaults = {"bf16": False, "activation_checkpointing": False, "dataloader_pin_memory": False}
+    if "fp16" in explicit:
+        defaults.pop("bf16")
+    if "gradient_checkpointing" in explicit:  # the deprecated alias counts as setting it
+        defaults.pop("activation_checkpointing")
+    return {key: value for key, value in defaults.items() if key not in explicit}
+
+
+def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
+    problems = []
+    train = recipe.train_args
+    if not hw.cuda and recipe.model.quantization is not None:
+        problems.append(Problem("model.quantization", "4/8-bit loading through bitsandbytes needs a CUDA GPU and "
+                                "none is visible; remove `model.quantization` to train in full precision here."))
+    if not hw.cuda and train.get("fp16"):
+        problems.append(Problem("train.fp16", "fp16 mixed precision needs a CUDA GPU and none is visible; "
+                                "remove it (CPU trains in float32) or use `train.bf16: true`."))
+    if hw.cuda and train.get("bf16") and not hw.bf16:
+        problems.append(Problem("train.bf16", f"this GPU ({hw.name}) does not support bfloat16; "
+                                "use `train.fp16: true` instead."))
+    return problems

@@ -1,0 +1,89 @@
+"""Tokenizer and model loading: a hub id or a local directory, pretrained weights or random init.
+
+``init: random`` builds the model from the same ``config.json`` that ``init: pretrained`` would load
+weights for, so both go through one code path (the quickstart uses it to run with no hub access).
+Adapters are not applied here: the LoRA config is handed to TRL, which wraps the model itself.
+"""
+
+from __future__ import annotations
+
+from .recipe import Recipe
+from .recipe.schema import AdapterSection, ModelSection, QuantizationSection
+
+
+class ModelLoadError(Exception):
+    """The model or tokenizer named in the recipe could not be loaded (exit code 2)."""
+
+
+def _common_kwargs(section: ModelSection) -> dict:
+    return {"revision": section.revision, "trust_remote_code": section.trust_remote_code}
+
+
+def load_tokenizer(section: ModelSection):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(section.name, **_common_kwargs(section))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(_explain(section, "tokenizer", exc)) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(recipe: Recipe, seed: int):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+
+    section = recipe.model
+    dtype = "auto" if section.dtype == "auto" else getattr(torch, section.dtype)
+    extra = {"attn_implementation": section.attn_implementation} if section.attn_implementation else {}
+    try:
+        if section.init == "random":
+            config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
+            set_seed(seed)
+            return AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32 if dtype == "auto" else dtype,
+                trust_remote_code=section.trust_remote_code, **extra,
+            )
+        if section.quantization is not None:
+            extra["quantization_config"] = bnb_config(section.quantization)
+        return AutoModelForCausalLM.from_pretrained(section.name, dtype=dtype, **_common_kwargs(section), **extra)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(_explain(section, "model", exc)) from None
+
+
+def bnb_config(section: QuantizationSection):
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if section.bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=section.quant_type,
+        bnb_4bit_use_double_quant=section.double_quant,
+        bnb_4bit_compute_dtype=getattr(torch, section.compute_dtype),
+    )
+
+
+def lora_config(section: AdapterSection | None):
+    if section is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=section.r,
+        lora_alpha=section.alpha,
+        lora_dropout=section.dropout,
+        target_modules=section.target_modules,
+        modules_to_save=section.modules_to_save,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _explain(section: ModelSection, what: str, exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"model.name: could not load the {what} from {section.name!r}: {first}. "
+            "Use a local directory that holds config.json and tokenizer files, or a hub id reachable "
+            "from this machine (log in with `hf auth login` for gated models).")

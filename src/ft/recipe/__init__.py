@@ -1,0 +1,7 @@
+"""Recipes: schema, loading and rules. Imports nothing heavy (no torch, transformers or trl)."""
+
+from .errors import Problem, RecipeError
+from .load import LoadedRecipe, load_recipe
+from .schema import Recipe, recipe_model
+
+__all__ = ["LoadedRecipe", "Problem", "Recipe", "RecipeError", "load_recipe", "recipe_model"]

@@ -1,0 +1,194 @@
+"""Recipe file → frozen Recipe: YAML, ``extends:``, ``--set``, validation, and readable errors.
+
+Every problem is collected and raised together in one ``RecipeError`` so ``ft validate`` shows the
+whole list at once; each names the dotted key, the ``file:line`` it came from, the bad value, what is
+allowed, and (for unknown names) the closest valid ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import Problem, RecipeError, did_you_mean
+from .rules import check_rules
+from .schema import METHODS, RecipeBase, recipe_model
+from .train_section import MOVED
+from .yaml_io import Locations, YamlSyntaxError, load_yaml, parse_scalar
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    recipe: RecipeBase
+    warnings: list[Problem]
+    source: Path
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
+    """Read, merge, override and validate a recipe. Raises ``RecipeError`` listing every problem."""
+    path = Path(path)
+    raw, locations = read_merged(path)
+    for item in overrides:
+        _apply_set(raw, locations, item, str(path))
+    recipe, warnings = validate(raw, locations, base_dir=path.resolve().parent, source=str(path))
+    return LoadedRecipe(recipe, warnings, path)
+
+
+def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locations]:
+    """The recipe as a dict after resolving ``extends:`` (relative to each file; chains allowed)."""
+    if not path.is_file():
+        raise RecipeError([Problem("", f"recipe file {str(path)!r} does not exist", level="error")], str(path))
+    if path.resolve() in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise RecipeError([Problem("extends", f"`extends` forms a cycle: {cycle}. Remove one link.")], str(path))
+    try:
+        data, locations = load_yaml(path)
+    except YamlSyntaxError as exc:
+        raise RecipeError([Problem("", str(exc))], str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError([Problem("", "a recipe must be a mapping of sections (method:, model:, data:, …)",
+                                   locations.get((), str(path)))], str(path))
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data, locations
+    if not isinstance(parent, str):
+        raise RecipeError([Problem("extends", "must be a path to another recipe file",
+                                   locations.get(("extends",), ""))], str(path))
+    base, base_locations = read_merged(path.parent / parent, (*_chain, path.resolve()))
+    return deep_merge(base, data), {**base_locations, **locations}
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Maps merge key by key, recursively; any other value (lists included) replaces the base's."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _apply_set(raw: dict, locations: Locations, item: str, source: str) -> None:
+    where = f"--set {item}"
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError([Problem("", "`--set` takes KEY=VALUE with a dotted key, e.g. train.max_steps=10", where)],
+                          source)
+    parts: list[Any] = [int(p) if p.isdigit() else p for p in key.strip().split(".")]
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                raise RecipeError([Problem(".".join(map(str, parts[: i + 1])), "no such list item", where)], source)
+            node = node[part]
+            continue
+        if not isinstance(node.get(part), (dict, list)):
+            node[part] = [] if isinstance(nxt, int) else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        if not isinstance(last, int) or last > len(node):
+            raise RecipeError([Problem(key, "no such list item", where)], source)
+        node[last:last + 1] = [parse_scalar(text)]
+    else:
+        node[last] = parse_scalar(text)
+    locations[tuple(parts)] = where
+
+
+def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "") -> tuple[RecipeBase, list[Problem]]:
+    method = raw.get("method", "sft")
+    if method not in METHODS:
+        hint = did_you_mean(method, METHODS)
+        raise RecipeError([Problem("method", f"got {method!r}; allowed: {', '.join(METHODS)}.{hint}",
+                                   locations.get(("method",), ""))], source)
+    cls = recipe_model(method)
+    try:
+        recipe = cls.model_validate(raw, context={"base_dir": str(base_dir)})
+    except ValidationError as exc:
+        problems = [_problem(err, cls, locations) for err in exc.errors()]
+        raise RecipeError(sorted(problems, key=_line_order), source) from None
+    problems = check_rules(recipe)
+    located = [Problem(p.path, p.message, p.where or _where(p.path, locations), p.level) for p in problems]
+    if any(p.level == "error" for p in located):
+        raise RecipeError(located, source)
+    return recipe, located
+
+
+def _where(dotted: str, locations: Locations) -> str:
+    parts = tuple(int(p) if p.isdigit() else p for p in dotted.split(".")) if dotted else ()
+    while parts and parts not in locations:
+        parts = parts[:-1]
+    return locations.get(parts, "")
+
+
+def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+    dotted = ".".join(str(p) for p in loc)
+    where = _where(dotted, locations)
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        allowed = [name for name in _fields_at(cls, loc[:-1]) if name not in MOVED]
+        return Problem(dotted, f"unknown key.{did_you_mean(loc[-1], allowed)} Allowed here: "
+                               f"{_short_list(allowed)}.", where)
+    if kind == "missing":
+        return Problem(dotted, "is required but missing; add it to the recipe.", where or _where("", locations))
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'|(\d+)", err["ctx"]["expected"])
+        options = [a or b for a, b in choices]
+        return Problem(dotted, f"got {value!r}; allowed: {', '.join(options)}.{did_you_mean(value, options)}", where)
+    if kind == "value_error":
+        return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')} (got {value!r}).", where)
+    return Problem(dotted, f"{err['msg']} (got {value!r}).", where)
+
+
+def _line_order(problem: Problem) -> tuple:
+    file, _, line = problem.where.rpartition(":")
+    return (file, int(line)) if line.isdigit() else (problem.where, 0)
+
+
+def _is_union_tag(part: str) -> bool:
+    """Pydantic names union members in error locations (``union[...]``, ``list[str]``); drop them."""
+    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "function-after",
+                                   "literal['all-linear']", "tuple"} or part.startswith(("function-", "constrained-"))
+
+
+def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the (sub)model at a location, for did-you-mean suggestions."""
+    model: Any = cls
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if hasattr(model, "model_fields") else []
+
+
+def _model_in(annotation):
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _short_list(names: list[str], limit: int = 12) -> str:
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f", … ({len(names)} in all; `ft schema` lists them)"

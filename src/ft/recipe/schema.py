@@ -1,0 +1,151 @@
+"""The recipe: frozen Pydantic sections. The validated ``Recipe`` is the only input of every builder.
+
+Relative input paths (``model.name`` when it names a local directory, ``data.*.path``) are resolved
+against the recipe file's directory, so a recipe works from any working directory. Output paths
+(``train.output_dir``, ``data.prepared_path``) are relative to where ``ft`` runs.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    StrictStr,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+
+from .train_section import train_section_model
+
+METHODS = ("sft", "dpo", "grpo", "kto", "orpo")
+FORMATS = ("chat", "instruction", "text", "preference", "prompt")
+Number = Union[int, float]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def resolve_input_path(value: str, info: ValidationInfo) -> str:
+    """``value`` made absolute when it names something next to the recipe (or in the cwd)."""
+    base = Path((info.context or {}).get("base_dir", "."))
+    for candidate in (base / value, Path(value)):
+        if candidate.exists():
+            return str(candidate.resolve())
+    return value
+
+
+class QuantizationSection(Section):
+    """QLoRA-style loading through bitsandbytes (CUDA only)."""
+
+    bits: Literal[4, 8] = Field(description="Load the base model's linear weights in 4 or 8 bits.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
+    double_quant: StrictBool = Field(True, description="Quantize the quantization constants too (4-bit).")
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype the 4-bit matmuls compute in."
+    )
+
+
+class ModelSection(Section):
+    name: StrictStr = Field(description="A hub id (org/name) or a local directory with config.json.")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained", description="`pretrained` loads weights; `random` builds the model from its config."
+    )
+    revision: StrictStr | None = Field(None, description="Hub revision (branch, tag or commit).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; `auto` keeps the checkpoint's (float32 for random init)."
+    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = (
+        Field(None, description="Attention kernel; unset lets transformers choose.")
+    )
+    trust_remote_code: StrictBool = Field(False, description="Allow custom modelling code from the hub.")
+    quantization: QuantizationSection | None = None
+
+    resolve_name = field_validator("name")(resolve_input_path)
+
+
+class AdapterSection(Section):
+    kind: Literal["lora"] = Field("lora", description="Adapter type (PEFT).")
+    r: PositiveInt = Field(16, description="LoRA rank.")
+    alpha: PositiveInt = Field(32, description="LoRA scaling numerator (lora_alpha).")
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA branch.")
+    target_modules: Literal["all-linear"] | list[StrictStr] = Field(
+        "all-linear", description="Module names (or `all-linear`) that get adapters."
+    )
+    modules_to_save: list[StrictStr] | None = Field(None, description="Modules trained fully and saved.")
+
+
+class DataSource(Section):
+    path: StrictStr = Field(description="A local file (.jsonl/.json/.parquet/.csv/.txt), a directory, or a hub id.")
+    format: Literal[FORMATS] = Field("chat", description="How rows are read: " + ", ".join(FORMATS) + ".")
+    split: StrictStr = Field("train", description="Split to read (hub datasets and dataset dicts).")
+    name: StrictStr | None = Field(None, description="Hub dataset configuration name.")
+    revision: StrictStr | None = Field(None, description="Hub dataset revision.")
+
+    resolve_path = field_validator("path")(resolve_input_path)
+
+
+class DataSection(Section):
+    train: list[DataSource] = Field(min_length=1, description="Training sources, concatenated.")
+    eval: list[DataSource] = Field(default_factory=list, description="Evaluation sources.")
+    max_length: PositiveInt = Field(1024, description="Tokens per sequence; longer rows are truncated.")
+    packing: StrictBool = Field(False, description="Pack several rows into each sequence (SFT only).")
+    train_on: Literal["assistant", "all"] = Field(
+        "assistant", description="Which tokens carry loss in chat data: assistant turns only, or all."
+    )
+    num_proc: PositiveInt | None = Field(None, description="Processes for tokenization.")
+
+
+class OptimizerSection(Section):
+    name: StrictStr = Field("adamw_torch", description="Optimizer name (transformers `optim` names).")
+    lr: Number = Field(2.0e-5, gt=0, description="Peak learning rate.")
+    weight_decay: Number = Field(0.0, ge=0, description="Decoupled weight decay.")
+    betas: tuple[Number, Number] = Field((0.9, 0.999), description="Adam betas (beta1, beta2).")
+    eps: Number = Field(1e-8, gt=0, description="Adam epsilon.")
+    target_modules: list[StrictStr] | None = Field(None, description="Module regexes (GaLore, APOLLO).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Extra optimizer arguments.")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class SchedulerSection(Section):
+    type: StrictStr = Field("linear", description="Learning-rate schedule (transformers scheduler names).")
+    warmup_steps: Number = Field(0, ge=0, description="Warm-up steps; a value below 1 is a fraction of all steps.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
+
+
+class RecipeBase(Section):
+    method: Literal[METHODS] = Field("sft", description="Training method: " + ", ".join(METHODS) + ".")
+    model: ModelSection
+    adapter: AdapterSection | None = None
+    data: DataSection
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+
+    @property
+    def train_args(self) -> dict[str, Any]:
+        """The ``train:`` fields the recipe set explicitly (unset ones keep TRL's defaults)."""
+        return self.train.model_dump(exclude_unset=True)  # type: ignore[attr-defined]
+
+
+@cache
+def recipe_model(method: str) -> type[RecipeBase]:
+    """The Recipe class for one method: the common sections plus that method's ``train:`` fields."""
+    train = train_section_model(method)
+    return create_model(
+        f"{method.upper()}Recipe",
+        __base__=RecipeBase,
+        method=(Literal[method], Field(method, description="Training method.")),
+        train=(train, Field(default_factory=train, description="Trainer settings (TrainingArguments/TRL names).")),
+    )
+
+
+Recipe = RecipeBase  # the type builders annotate with; instances are of a recipe_model(method) class

@@ -1,0 +1,110 @@
+"""The ``train:`` section: every field of the method's TRL config, type-checked, built from a table.
+
+The table (``train_fields.json``) is generated from the installed transformers/TRL classes by
+``scripts/gen_train_fields.py``; reading it keeps ``ft validate`` free of torch imports.
+Fields that ft owns elsewhere (optimizer, scheduler, data, model settings) are rejected here with a
+pointer to the key that replaces them.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
+
+TABLE_PATH = Path(__file__).with_name("train_fields.json")
+
+# train.<field> -> the recipe key that holds it instead
+MOVED = {
+    "optim": "optimizer.name",
+    "optim_args": "optimizer.args",
+    "optim_target_modules": "optimizer.target_modules",
+    "learning_rate": "optimizer.lr",
+    "weight_decay": "optimizer.weight_decay",
+    "adam_beta1": "optimizer.betas",
+    "adam_beta2": "optimizer.betas",
+    "adam_epsilon": "optimizer.eps",
+    "lr_scheduler_type": "scheduler.type",
+    "lr_scheduler_kwargs": "scheduler.kwargs",
+    "warmup_steps": "scheduler.warmup_steps",
+    "warmup_ratio": "scheduler.warmup_steps",
+    "max_length": "data.max_length",
+    "packing": "data.packing",
+    "dataset_num_proc": "data.num_proc",
+    "assistant_only_loss": "data.train_on",
+    "completion_only_loss": "data.train_on",
+    "model_init_kwargs": "model",
+    "trust_remote_code": "model.trust_remote_code",
+    "resume_from_checkpoint": "the --resume option of `ft train`",
+}
+
+_StrictFloat = Union[StrictInt, float]  # YAML `1` is a fine float; strings are not
+_KINDS: dict[str, Any] = {
+    "bool": StrictBool,
+    "int": StrictInt,
+    "float": _StrictFloat,
+    "str": StrictStr,
+    "dict": Union[dict[str, Any], StrictStr],
+    "list[str]": list[StrictStr],
+    "list[float]": list[_StrictFloat],
+    "str|list[str]": Union[StrictStr, list[StrictStr]],
+    "str|bool": Union[StrictBool, StrictStr],
+    "int|str": Union[StrictInt, StrictStr],
+}
+
+
+@cache
+def field_table() -> dict:
+    return json.loads(TABLE_PATH.read_text())
+
+
+def method_fields(method: str) -> dict[str, dict]:
+    table = field_table()
+    return {**table["base"], **table["methods"][method]["fields"]}
+
+
+def _moved(name: str):
+    def reject(value):
+        raise ValueError(f"is not set under `train:` in ft recipes; set `{MOVED[name]}` instead")
+
+    return reject
+
+
+def _unsupported(name: str, python_type: str):
+    def reject(value):
+        raise ValueError(f"takes a Python object ({python_type}) and cannot be set from a recipe")
+
+    return reject
+
+
+def _annotation(name: str, spec: dict):
+    if name in MOVED:
+        return Annotated[Any, AfterValidator(_moved(name))]
+    kind = spec["kind"]
+    if kind == "unsupported":
+        return Annotated[Any, AfterValidator(_unsupported(name, spec.get("python_type", "")))]
+    tp = Literal[tuple(spec["choices"])] if kind == "choice" else _KINDS[kind]
+    return Optional[tp] if spec.get("nullable") else tp
+
+
+@cache
+def train_section_model(method: str) -> type[BaseModel]:
+    """A frozen Pydantic model whose fields are the method config's fields; all default to unset."""
+    fields = {
+        name: (_annotation(name, spec), Field(default=None, description=spec.get("help") or None))
+        for name, spec in sorted(method_fields(method).items())
+    }
+    config = ConfigDict(extra="forbid", frozen=True)
+    return create_model(f"{method.upper()}TrainSection", __config__=config, **fields)

@@ -1,0 +1,69 @@
+"""One training run, in order. Only this module knows the order of the steps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import checkpoints, data, hardware, models, report
+from .recipe import LoadedRecipe, RecipeError
+from .recipe.redact import resolved_recipe_yaml
+from .trainers import build_trainer
+
+EXIT_DONE, EXIT_STOPPED = 0, 143
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # "completed" | "stopped"
+    output_dir: Path
+    summary: dict
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_DONE if self.status == "completed" else EXIT_STOPPED
+
+
+def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print) -> RunResult:
+    recipe = loaded.recipe
+    hw = hardware.probe()
+    problems = hardware.check_hardware(recipe, hw)
+    if problems:
+        raise RecipeError(problems, str(loaded.source))
+    args = recipe.train_args
+    output_dir = Path(args["output_dir"])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
+    say(f"ft: {recipe.method} on {hw.summary}; output in {output_dir}")
+
+    resume_from = checkpoints.resolve_resume(resume, output_dir)
+    tokenizer = models.load_tokenizer(recipe.model)
+    train_dataset, eval_dataset = data.build_datasets(recipe)
+    model = models.load_model(recipe, seed=args.get("seed", 42))
+    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=train_dataset,
+                            eval_dataset=eval_dataset, defaults=hardware.device_defaults(recipe, hw))
+    if resume_from:
+        say(f"ft: resuming from {resume_from}")
+
+    started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume_from)
+    seconds = time.perf_counter() - started
+    state = trainer.state
+
+    if checkpoints.stopped_for_jit(output_dir, state.global_step, state.max_steps, trainer.args.enable_jit_checkpoint):
+        summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
+                                   final_eval=None)
+        report.write_summary(output_dir, summary)
+        say(f"ft: stopped at step {state.global_step}; checkpoint saved. Resume with: "
+            f"ft train {loaded.source} --resume auto")
+        return RunResult("stopped", output_dir, summary)
+
+    final_eval = trainer.evaluate() if eval_dataset is not None else None
+    trainer.save_model(str(output_dir / "final"))
+    summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
+                               final_eval=final_eval)
+    report.write_summary(output_dir, summary)
+    say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
+    return RunResult("completed", output_dir, summary)
