@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
@@ -10,7 +10,7 @@ from .schema import METHODS, recipe_model
 
 
 def recipe_json_schema() -> dict:
-    union = Annotated[tuple(recipe_model(m) for m in METHODS), Field(discriminator="method")]
+    union = Annotated[Union[tuple(recipe_model(m) for m in METHODS)], Field(discriminator="method")]
     schema = TypeAdapter(union).json_schema()
     schema["$schema"] = "http://json-schema.org/draft-07/schema#"
     schema["title"] = "ft recipe"

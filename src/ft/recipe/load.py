@@ -36,6 +36,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
     raw, locations = read_merged(path)
     for item in overrides:
         _apply_set(raw, locations, item, str(path))
+    _default_output_dir(raw, path)
     recipe, warnings = validate(raw, locations, base_dir=path.resolve().parent, source=str(path))
     return LoadedRecipe(recipe, warnings, path)
 
@@ -64,6 +65,13 @@ def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locati
                                    locations.get(("extends",), ""))], str(path))
     base, base_locations = read_merged(path.parent / parent, (*_chain, path.resolve()))
     return deep_merge(base, data), {**base_locations, **locations}
+
+
+def _default_output_dir(raw: dict, path: Path) -> None:
+    """``train.output_dir`` defaults to ``runs/<recipe file name>`` under the working directory."""
+    train = raw.setdefault("train", {})
+    if isinstance(train, dict) and "output_dir" not in train:
+        train["output_dir"] = str(Path("runs") / path.stem)
 
 
 def deep_merge(base: dict, override: dict) -> dict:

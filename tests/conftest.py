@@ -1,0 +1,50 @@
+"""Shared test helpers: the repo's shipped assets, a small recipe writer, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "assets" / "tiny-llama"
+DATA = ROOT / "data" / "arithmetic"
+
+
+def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the real ``ft`` command in a subprocess (exit codes and stderr are part of the contract)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "ft", *args], cwd=cwd or ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    """write_recipe({...}) -> path of a YAML recipe in tmp_path (name via name=...)."""
+
+    def write(content: dict | str, name: str = "recipe.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
+        return path
+
+    return write
+
+
+def tiny_sft(output_dir: Path, **train) -> dict:
+    """A minimal valid SFT recipe on the shipped assets (absolute paths: it may live anywhere)."""
+    return {
+        "method": "sft",
+        "model": {"name": str(ASSETS), "init": "random"},
+        "data": {
+            "train": [{"path": str(DATA / "train.jsonl"), "format": "chat"}],
+            "eval": [{"path": str(DATA / "eval.jsonl"), "format": "chat"}],
+            "max_length": 64,
+        },
+        "optimizer": {"lr": 3.0e-3},
+        "train": {"output_dir": str(output_dir), "max_steps": 4, "per_device_train_batch_size": 8,
+                  "save_strategy": "no", "report_to": "none", **train},
+    }

@@ -1,0 +1,93 @@
+"""The CLI contract: exit codes, errors on stderr naming key and file:line, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_ft, tiny_sft
+
+RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_shipped_recipe_validates(recipe):
+    result = run_ft("validate", str(recipe))
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["method"]
+
+
+def test_validate_prints_resolved_recipe_with_defaults(write_recipe, tmp_path):
+    path = write_recipe(tiny_sft(tmp_path / "out"))
+    result = run_ft("validate", str(path), "--set", "train.max_steps=7")
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["train"]["max_steps"] == 7
+    assert resolved["optimizer"]["name"] == "adamw_torch"  # a default, filled in
+
+
+def test_invalid_recipe_exits_2_naming_key_and_line(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["train"]["num_train_epoch"] = 1
+    path = write_recipe(recipe)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "num_train_epoch:" in text)
+    for command in ("validate", "train"):
+        result = run_ft(command, str(path))
+        assert result.returncode == 2
+        assert f"{path}:{line}: train.num_train_epoch: unknown key. Did you mean 'num_train_epochs'?" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_yaml_syntax_error_names_line(write_recipe):
+    path = write_recipe("method: sft\nmodel:\n  name: [unclosed\n")
+    result = run_ft("validate", str(path))
+    assert result.returncode == 2
+    assert f"{path}:" in result.stderr and "not valid YAML" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_data_file_exits_2_before_training(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["data"]["train"][0]["path"] = "no/such/file.jsonl"
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 2
+    assert "data.train.0.path" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_does_not_import_torch(write_recipe, tmp_path):
+    path = write_recipe(tiny_sft(tmp_path / "out"))
+    code = (
+        "import sys\n"
+        "from ft.cli import app\n"
+        "try:\n"
+        f"    app(['validate', {str(path)!r}], prog_name='ft')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'datasets', 'peft') if m in sys.modules)\n"
+        "print(json.dumps(heavy), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stderr.strip().splitlines()[-1]) == []
+
+
+def test_schema_is_json_with_every_section():
+    result = run_ft("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    sft = schema["$defs"]["SFTRecipe"]["properties"]
+    assert {"method", "model", "adapter", "data", "train", "optimizer", "scheduler"} <= set(sft)
+
+
+def test_output_dir_defaults_next_to_cwd_by_recipe_name(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    del recipe["train"]["output_dir"]
+    result = run_ft("validate", str(write_recipe(recipe, name="my-run.yaml")))
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["train"]["output_dir"] == str(Path("runs") / "my-run")

@@ -1,0 +1,43 @@
+"""Committed, generated files stay in step with the installed libraries and the schema code."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import ROOT
+from ft.recipe.json_schema import recipe_json_schema
+from ft.recipe.train_section import TABLE_PATH
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_train_fields", ROOT / "scripts" / "gen_train_fields.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_field_table_matches_installed_transformers_and_trl():
+    generator = _generator()
+    fresh = generator.render(generator.build_table())
+    assert TABLE_PATH.read_text() == fresh, (
+        "src/ft/recipe/train_fields.json is stale for the installed transformers/TRL; "
+        "run `python scripts/gen_train_fields.py` and commit the result"
+    )
+
+
+def test_committed_json_schema_is_current():
+    committed = json.loads((ROOT / "docs" / "recipe.schema.json").read_text())
+    assert committed == recipe_json_schema(), "run `ft schema > docs/recipe.schema.json`"
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_satisfy_the_editor_schema(recipe):
+    text = recipe.read_text()
+    assert text.startswith("# yaml-language-server: $schema=../docs/recipe.schema.json")
+    schema = json.loads((ROOT / "docs" / "recipe.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(text), schema)
