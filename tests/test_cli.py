@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, run_ft, tiny_sft
 
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml"))

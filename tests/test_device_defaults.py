@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from conftest import run_ft, tiny_sft
 from trl import SFTConfig
 
-from conftest import run_ft, tiny_sft
 from ft import data, hardware, models
 from ft.hardware import Hardware
 from ft.recipe import load_recipe

@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 import yaml
-
 from conftest import ROOT
+
 from ft.recipe.json_schema import recipe_json_schema
 from ft.recipe.train_section import TABLE_PATH
 

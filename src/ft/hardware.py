@@ -7,9 +7,18 @@ always wins. These checks run at the start of ``ft train``, before any model or 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 
 from .recipe import Problem, Recipe
+from .recipe.optimizers import traits
+
+# pip package -> importable module, for the optimizer packages ft can tell users to install
+_MODULES = {"galore-torch": "galore_torch", "apollo-torch": "apollo_torch", "lomo-optim": "lomo_optim",
+            "grokadamw": "grokadamw", "schedulefree": "schedulefree", "torch-optimi": "optimi",
+            "bitsandbytes": "bitsandbytes", "torch_xla": "torch_xla", "torch_npu": "torch_npu",
+            "torchdistx": "torchdistx"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
 
 
 def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
+    """What this machine cannot run of the recipe (checked before any model or data loads)."""
     problems = []
     train = recipe.train_args
     if not hw.cuda and recipe.model.quantization is not None:
@@ -60,4 +70,26 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
     if hw.cuda and train.get("bf16") and not hw.bf16:
         problems.append(Problem("train.bf16", f"this GPU ({hw.name}) does not support bfloat16; "
                                 "use `train.fp16: true` instead."))
+    if not hw.cuda and train.get("use_liger_kernel"):
+        problems.append(Problem("train.use_liger_kernel", "Liger kernels are Triton GPU kernels and no CUDA "
+                                "device is visible; remove `train.use_liger_kernel` here."))
+    problems += _optimizer_problems(recipe, hw)
     return problems
+
+
+def _optimizer_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
+    name = recipe.optimizer.name
+    info = traits(name)
+    if info.cuda_only and not hw.cuda:
+        return [Problem("optimizer.name", f"`{name}` runs on CUDA GPUs only and none is visible; on this machine "
+                        "use e.g. `adamw_torch` (or `lomo` instead of `adalomo`, `galore_adamw` instead of its "
+                        "8-bit form).")]
+    if info.layerwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return [Problem("optimizer.name", f"`{name}` works on a single process only, and this run has "
+                        f"WORLD_SIZE={os.environ['WORLD_SIZE']}; launch one process or choose a non-layerwise "
+                        "optimizer.")]
+    module = _MODULES.get(info.package or "")
+    if module and importlib.util.find_spec(module) is None:
+        return [Problem("optimizer.name", f"`{name}` needs the `{info.package}` package, which is not "
+                        f"installed; run `pip install {info.package}` (or `pip install 'ft[optim]'`).")]
+    return []

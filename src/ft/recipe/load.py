@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import Problem, RecipeError, did_you_mean
+from .methods import moved_to_method_section
 from .rules import check_rules
 from .schema import METHODS, RecipeBase, recipe_model
 from .train_section import MOVED
@@ -146,7 +147,10 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
     kind = err["type"]
     value = err.get("input")
     if kind == "extra_forbidden":
-        allowed = [name for name in _fields_at(cls, loc[:-1]) if name not in MOVED]
+        moved = {**MOVED, **moved_to_method_section(cls.model_fields["method"].default)}
+        if loc[:1] == ("train",) and len(loc) == 2 and loc[-1] in moved:  # e.g. warmup_ratio, gone in 5.x
+            return Problem(dotted, f"is not set under `train:` in ft recipes; set `{moved[loc[-1]]}` instead.", where)
+        allowed = [name for name in _fields_at(cls, loc[:-1]) if name not in moved]
         return Problem(dotted, f"unknown key.{did_you_mean(loc[-1], allowed)} Allowed here: "
                                f"{_short_list(allowed)}.", where)
     if kind == "missing":

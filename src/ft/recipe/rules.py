@@ -1,8 +1,10 @@
-"""Cross-field rules. Each is a small named function that returns the problems it finds, and cites
-the sentence of the documentation (or the reason) it enforces. ``check_rules`` runs them all.
+"""Cross-field rules. Each is a small named function returning the problems it finds, with the
+sentence of the transformers/TRL documentation (or the reason) it enforces in its docstring.
+``check_rules`` runs them all; the loader attaches file:line to each problem.
 
 Rules here need no hardware knowledge and import nothing heavy; the rules that depend on the machine
-(CUDA, bf16 support) live in ``ft.hardware`` and run at the start of ``ft train``.
+(CUDA-only optimizers, 4-bit loading, bf16 support, process count) live in ``ft.hardware`` and run at
+the start of ``ft train``, before any model or data loads.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .errors import Problem
+from .methods import METHOD_SECTIONS
+from .optimizers import traits
+from .train_section import method_fields
 
-Rule = Callable[["object"], list[Problem]]
+Rule = Callable[[object], list[Problem]]
 RULES: list[Rule] = []
 
 # method -> data formats it can train on
@@ -33,13 +38,192 @@ def check_rules(recipe) -> list[Problem]:
     return [problem for fn in RULES for problem in fn(recipe)]
 
 
+def effective(recipe, key: str):
+    """A ``train:`` value as the trainer will see it: the recipe's, else TRL's default."""
+    args = recipe.train_args
+    return args[key] if key in args else method_fields(recipe.method)[key]["default"]
+
+
+def evaluates(recipe) -> bool:
+    return effective(recipe, "eval_strategy") != "no"
+
+
+def error(path: str, message: str) -> list[Problem]:
+    return [Problem(path, message)]
+
+
+def warning(path: str, message: str) -> list[Problem]:
+    return [Problem(path, message, level="warning")]
+
+
+# --- evaluation -------------------------------------------------------------------------------------
+
+
+@rule
+def eval_on_start_needs_eval(recipe) -> list[Problem]:
+    """"eval_on_start requires a valid eval_strategy (e.g. "epoch") and an evaluation dataset."""
+    if not effective(recipe, "eval_on_start"):
+        return []
+    missing = [what for what, ok in (("`train.eval_strategy` (steps or epoch)", evaluates(recipe)),
+                                     ("an eval dataset (`data.eval`)", bool(recipe.data.eval))) if not ok]
+    if missing:
+        return error("train.eval_on_start", "needs " + " and ".join(missing) + "; add them or remove eval_on_start.")
+    return []
+
+
+@rule
+def eval_strategy_needs_eval_data(recipe) -> list[Problem]:
+    """Evaluation during training reads the eval dataset; without one the Trainer fails at the first eval."""
+    if evaluates(recipe) and not recipe.data.eval:
+        return error("train.eval_strategy", f"is {effective(recipe, 'eval_strategy')!r} but the recipe has no "
+                     "`data.eval` sources; add some or set `train.eval_strategy: 'no'`.")
+    return []
+
+
+@rule
+def greedy_scheduler_needs_eval(recipe) -> list[Problem]:
+    """"GreedyLR requires evaluation during training. Set eval_strategy to "steps" or "epoch"."""
+    if recipe.scheduler.type == "greedy" and not evaluates(recipe):
+        return error("scheduler.type", "`greedy` adapts the learning rate from evaluation results, so it needs "
+                     "`train.eval_strategy: steps` (or epoch) and `data.eval`.")
+    return []
+
+
+@rule
+def eval_accumulation_needs_eval(recipe) -> list[Problem]:
+    """eval_accumulation_steps moves predictions to the CPU every N evaluation batches: it only acts
+    when there is evaluation."""
+    if recipe.train_args.get("eval_accumulation_steps") and not evaluates(recipe):
+        return error("train.eval_accumulation_steps", "has no effect without evaluation; set "
+                     "`train.eval_strategy` (steps or epoch) or remove it.")
+    return []
+
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+
+@rule
+def save_best_needs_metric(recipe) -> list[Problem]:
+    """save_strategy "best" saves "when a new best metric is achieved": it needs metric_for_best_model
+    and evaluation that produces it."""
+    if effective(recipe, "save_strategy") != "best":
+        return []
+    problems = []
+    if not recipe.train_args.get("metric_for_best_model"):
+        problems += error("train.save_strategy", "`best` needs `train.metric_for_best_model` (e.g. eval_loss).")
+    if not evaluates(recipe):
+        problems += error("train.save_strategy", "`best` needs evaluation: set `train.eval_strategy` "
+                          "(steps or epoch) and `data.eval`.")
+    return problems
+
+
+@rule
+def load_best_needs_matching_strategies(recipe) -> list[Problem]:
+    """load_best_model_at_end: "the save strategy needs to be the same as the evaluation strategy, and
+    in the case of steps, save_steps must be a round multiple of eval_steps"."""
+    if not recipe.train_args.get("load_best_model_at_end"):
+        return []
+    save, evaluation = effective(recipe, "save_strategy"), effective(recipe, "eval_strategy")
+    if evaluation == "no":
+        return error("train.load_best_model_at_end", "needs evaluation: set `train.eval_strategy` and `data.eval`.")
+    if save not in (evaluation, "best"):
+        return error("train.load_best_model_at_end", f"needs `train.save_strategy` ({save!r}) to equal "
+                     f"`train.eval_strategy` ({evaluation!r}).")
+    if save == "steps":
+        save_steps = effective(recipe, "save_steps")
+        eval_steps = recipe.train_args.get("eval_steps") or effective(recipe, "logging_steps")
+        if save_steps % eval_steps:
+            return error("train.save_steps", f"({save_steps}) must be a multiple of `train.eval_steps` "
+                         f"({eval_steps}) when load_best_model_at_end is set.")
+    return []
+
+
+@rule
+def save_only_model_restarts_optimizer(recipe) -> list[Problem]:
+    """"Resuming from a checkpoint requires the optimizer and scheduler state files … If they are
+    missing (e.g. with save_only_model=True) the optimizer starts from scratch.\""""
+    if recipe.train_args.get("save_only_model"):
+        return warning("train.save_only_model", "checkpoints will hold no optimizer or scheduler state: "
+                       "resuming from them restarts the optimizer (and its warm-up).")
+    return []
+
+
+# --- dataloader -------------------------------------------------------------------------------------
+
+
+@rule
+def worker_options_need_workers(recipe) -> list[Problem]:
+    """"Both dataloader_persistent_workers and dataloader_prefetch_factor require
+    dataloader_num_workers > 0.\""""
+    if effective(recipe, "dataloader_num_workers") > 0:
+        return []
+    args = recipe.train_args
+    return [Problem(f"train.{key}", "needs `train.dataloader_num_workers` > 0 (worker processes to keep "
+                    "alive or prefetch with); set it or remove this key.")
+            for key in ("dataloader_persistent_workers", "dataloader_prefetch_factor") if args.get(key)]
+
+
+# --- optimizers and schedules ----------------------------------------------------------------------
+
+
+@rule
+def projection_optimizers_need_targets(recipe) -> list[Problem]:
+    """GaLore / APOLLO: "specify the target modules with optim_target_modules"."""
+    name = recipe.optimizer.name
+    if traits(name).needs_target_modules and not recipe.optimizer.target_modules:
+        return error("optimizer.target_modules", f"`{name}` projects only named modules; list them, e.g. "
+                     "target_modules: ['.*attn.*', '.*mlp.*'].")
+    return []
+
+
+@rule
+def layerwise_optimizer_limits(recipe) -> list[Problem]:
+    """"Layerwise mode is experimental. It works on a single GPU only, does not support DDP, and
+    gradient clipping or DeepSpeed may not work.\""""
+    name = recipe.optimizer.name
+    if not traits(name).layerwise:
+        return []
+    args, problems = recipe.train_args, []
+    if args.get("max_grad_norm"):
+        problems += error("train.max_grad_norm", f"`{name}` updates each layer during backward, so gradients "
+                          "are never clipped; remove max_grad_norm (ft sets 0 for layerwise optimizers).")
+    for key in ("deepspeed", "fsdp"):
+        if args.get(key):
+            problems += error(f"train.{key}", f"`{name}` runs on a single process only; remove `train.{key}` "
+                              "or choose a non-layerwise optimizer.")
+    return problems
+
+
+@rule
+def schedule_free_wants_constant(recipe) -> list[Problem]:
+    """Schedule-free: "pair with lr_scheduler_type="constant". Other schedules work but affect the
+    intended behaviour.\""""
+    if traits(recipe.optimizer.name).schedule_free and recipe.scheduler.type not in ("constant",
+                                                                                     "constant_with_warmup"):
+        return warning("scheduler.type", f"`{recipe.optimizer.name}` replaces the schedule; with "
+                       f"`{recipe.scheduler.type}` it works against it. Use `scheduler.type: constant`.")
+    return []
+
+
+@rule
+def adalomo_without_clipping(recipe) -> list[Problem]:
+    """"AdaLomo works better without grad_norm, which improves performance and throughput.\""""
+    if recipe.optimizer.name == "adalomo" and effective(recipe, "max_grad_norm"):
+        return warning("train.max_grad_norm", "AdaLomo works better without gradient clipping; "
+                       "set `train.max_grad_norm: 0`.")
+    return []
+
+
+# --- model, data, methods ---------------------------------------------------------------------------
+
+
 @rule
 def quantization_needs_adapter(recipe) -> list[Problem]:
     """Quantized weights cannot be trained directly: "you can only train adapters on top of a
     quantized model" (PEFT/bitsandbytes docs). QLoRA = 4-bit base + LoRA adapter."""
     if recipe.model.quantization is not None and recipe.adapter is None:
-        return [Problem("model.quantization", "a quantized model can only be trained through an adapter; "
-                        "add `adapter: {kind: lora}` or remove `model.quantization`.")]
+        return error("model.quantization", "a quantized model can only be trained through an adapter; "
+                     "add `adapter: {kind: lora}` or remove `model.quantization`.")
     return []
 
 
@@ -48,22 +232,56 @@ def data_formats_fit_method(recipe) -> list[Problem]:
     """Each method reads one family of formats (SFT: chat/instruction/text; DPO/KTO/ORPO: preference;
     GRPO: prompt)."""
     allowed = METHOD_FORMATS[recipe.method]
-    problems = []
-    for split in ("train", "eval"):
-        for i, source in enumerate(getattr(recipe.data, split)):
-            if source.format not in allowed:
-                problems.append(Problem(
-                    f"data.{split}.{i}.format",
-                    f"`{source.format}` data cannot train method `{recipe.method}`; "
-                    f"use one of: {', '.join(sorted(allowed))}.",
-                ))
-    return problems
+    return [
+        Problem(f"data.{split}.{i}.format", f"`{source.format}` data cannot train method `{recipe.method}`; "
+                f"use one of: {', '.join(sorted(allowed))}.")
+        for split in ("train", "eval")
+        for i, source in enumerate(getattr(recipe.data, split))
+        if source.format not in allowed
+    ]
 
 
 @rule
 def packing_is_sft_only(recipe) -> list[Problem]:
-    """Packing concatenates independent rows; only supervised fine-tuning can train on that."""
+    """Packing concatenates independent rows into one sequence; only SFT can train on that."""
     if recipe.data.packing and recipe.method != "sft":
-        return [Problem("data.packing", f"packing is only for method `sft`, not `{recipe.method}`; "
-                        "set `data.packing: false`.")]
+        return error("data.packing", f"packing is only for method `sft`, not `{recipe.method}`; "
+                     "set `data.packing: false`.")
+    return []
+
+
+@rule
+def method_sections_match_method(recipe) -> list[Problem]:
+    """A ``dpo:`` section in an SFT recipe is a leftover or a mistake: nothing would read it."""
+    return [Problem(name, f"is only read by `method: {name}`, and this recipe is `{recipe.method}`; "
+                    f"remove it or set `method: {name}`.")
+            for name in METHOD_SECTIONS if name != recipe.method and getattr(recipe, name) is not None]
+
+
+@rule
+def grpo_needs_rewards(recipe) -> list[Problem]:
+    """GRPO learns from rewards: without at least one there is nothing to optimise."""
+    if recipe.method == "grpo" and recipe.grpo is None:
+        return error("grpo", "GRPO needs a `grpo:` section with `rewards:` (e.g. [{name: exact_match}]).")
+    return []
+
+
+@rule
+def grpo_generation_batch_divides(recipe) -> list[Problem]:
+    """"The effective batch size … must be evenly divisible by num_generations": each generation
+    round holds whole groups of completions for the same prompt."""
+    grpo = recipe.grpo
+    if recipe.method != "grpo" or grpo is None:
+        return []
+    if grpo.generation_batch_size and grpo.steps_per_generation:
+        return error("grpo.generation_batch_size", "set either `generation_batch_size` or "
+                     "`steps_per_generation`, not both.")
+    per_device = effective(recipe, "per_device_train_batch_size")
+    steps = grpo.steps_per_generation or effective(recipe, "gradient_accumulation_steps")
+    batch = grpo.generation_batch_size or per_device * steps
+    key = "grpo.generation_batch_size" if grpo.generation_batch_size else "grpo.num_generations"
+    if batch % grpo.num_generations:
+        return error(key, f"the generation batch ({batch} = per_device_train_batch_size {per_device} × "
+                     f"{steps} steps per generation on one process) must be divisible by "
+                     f"num_generations ({grpo.num_generations}).")
     return []

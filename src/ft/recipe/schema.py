@@ -8,39 +8,18 @@ against the recipe file's directory, so a recipe works from any working director
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    StrictBool,
-    StrictStr,
-    ValidationInfo,
-    create_model,
-    field_validator,
-)
+from pydantic import ConfigDict, Field, PositiveInt, StrictBool, StrictStr, create_model, field_validator
 
+from .base import Section, resolve_input_path
+from .methods import METHOD_SECTIONS, DpoSection, GrpoSection, KtoSection, OrpoSection, moved_to_method_section
+from .optimizers import optimizer_names, scheduler_names
 from .train_section import train_section_model
 
 METHODS = ("sft", "dpo", "grpo", "kto", "orpo")
 FORMATS = ("chat", "instruction", "text", "preference", "prompt")
 Number = Union[int, float]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-def resolve_input_path(value: str, info: ValidationInfo) -> str:
-    """``value`` made absolute when it names something next to the recipe (or in the cwd)."""
-    base = Path((info.context or {}).get("base_dir", "."))
-    for candidate in (base / value, Path(value)):
-        if candidate.exists():
-            return str(candidate.resolve())
-    return value
 
 
 class QuantizationSection(Section):
@@ -105,19 +84,24 @@ class DataSection(Section):
 
 
 class OptimizerSection(Section):
-    name: StrictStr = Field("adamw_torch", description="Optimizer name (transformers `optim` names).")
-    lr: Number = Field(2.0e-5, gt=0, description="Peak learning rate.")
-    weight_decay: Number = Field(0.0, ge=0, description="Decoupled weight decay.")
-    betas: tuple[Number, Number] = Field((0.9, 0.999), description="Adam betas (beta1, beta2).")
-    eps: Number = Field(1e-8, gt=0, description="Adam epsilon.")
-    target_modules: list[StrictStr] | None = Field(None, description="Module regexes (GaLore, APOLLO).")
-    args: dict[str, Any] = Field(default_factory=dict, description="Extra optimizer arguments.")
+    """Unset values keep the method's TRL default (e.g. lr 2e-5 for SFT, 1e-6 for DPO)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)  # YAML lists are fine for betas
+
+    name: Literal[tuple(optimizer_names())] = Field(
+        "adamw_torch", description="Optimizer (transformers `optim` names: GaLore, APOLLO, LOMO, schedule-free, …).")
+    lr: Optional[Number] = Field(None, gt=0, description="Peak learning rate (unset: the method's TRL default).")
+    weight_decay: Optional[Number] = Field(None, ge=0, description="Decoupled weight decay (unset: 0).")
+    betas: Optional[tuple[Number, Number]] = Field(None, description="Adam betas [beta1, beta2] (unset: 0.9, 0.999).")
+    eps: Optional[Number] = Field(None, gt=0, description="Adam epsilon (unset: 1e-8).")
+    target_modules: Optional[list[StrictStr]] = Field(
+        None, description="Module name regexes the optimizer projects (GaLore, APOLLO).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Extra optimizer arguments (optim_args).")
 
 
 class SchedulerSection(Section):
-    type: StrictStr = Field("linear", description="Learning-rate schedule (transformers scheduler names).")
+    type: Literal[tuple(scheduler_names())] = Field(
+        "linear", description="Learning-rate schedule (transformers names, including `greedy`).")
     warmup_steps: Number = Field(0, ge=0, description="Warm-up steps; a value below 1 is a fraction of all steps.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
 
@@ -129,6 +113,15 @@ class RecipeBase(Section):
     data: DataSection
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    dpo: Optional[DpoSection] = Field(None, description="DPO settings (method: dpo only).")
+    grpo: Optional[GrpoSection] = Field(None, description="GRPO settings (method: grpo only).")
+    kto: Optional[KtoSection] = Field(None, description="KTO settings (method: kto only).")
+    orpo: Optional[OrpoSection] = Field(None, description="ORPO settings (method: orpo only).")
+
+    @property
+    def method_section(self):
+        """This method's own section (``dpo:`` for DPO, …), or None."""
+        return getattr(self, self.method, None) if self.method in METHOD_SECTIONS else None
 
     @property
     def train_args(self) -> dict[str, Any]:
@@ -139,7 +132,7 @@ class RecipeBase(Section):
 @cache
 def recipe_model(method: str) -> type[RecipeBase]:
     """The Recipe class for one method: the common sections plus that method's ``train:`` fields."""
-    train = train_section_model(method)
+    train = train_section_model(method, tuple(sorted(moved_to_method_section(method).items())))
     return create_model(
         f"{method.upper()}Recipe",
         __base__=RecipeBase,

@@ -65,6 +65,11 @@ _KINDS: dict[str, Any] = {
 }
 
 
+def _describe(spec: dict) -> str:
+    default = spec.get("default")
+    return (spec.get("help") or "").strip() + (f" (TRL default: {default!r})" if default is not None else "")
+
+
 @cache
 def field_table() -> dict:
     return json.loads(TABLE_PATH.read_text())
@@ -75,9 +80,9 @@ def method_fields(method: str) -> dict[str, dict]:
     return {**table["base"], **table["methods"][method]["fields"]}
 
 
-def _moved(name: str):
+def _moved(target: str):
     def reject(value):
-        raise ValueError(f"is not set under `train:` in ft recipes; set `{MOVED[name]}` instead")
+        raise ValueError(f"is not set under `train:` in ft recipes; set `{target}` instead")
 
     return reject
 
@@ -89,9 +94,9 @@ def _unsupported(name: str, python_type: str):
     return reject
 
 
-def _annotation(name: str, spec: dict):
-    if name in MOVED:
-        return Annotated[Any, AfterValidator(_moved(name))]
+def _annotation(name: str, spec: dict, moved: dict[str, str]):
+    if name in moved:
+        return Annotated[Any, AfterValidator(_moved(moved[name]))]
     kind = spec["kind"]
     if kind == "unsupported":
         return Annotated[Any, AfterValidator(_unsupported(name, spec.get("python_type", "")))]
@@ -100,10 +105,14 @@ def _annotation(name: str, spec: dict):
 
 
 @cache
-def train_section_model(method: str) -> type[BaseModel]:
-    """A frozen Pydantic model whose fields are the method config's fields; all default to unset."""
+def train_section_model(method: str, moved_to_section: tuple[tuple[str, str], ...] = ()) -> type[BaseModel]:
+    """A frozen Pydantic model whose fields are the method config's fields; all default to unset.
+
+    ``moved_to_section`` lists more (TRL field, recipe key) pairs to reject, e.g. ``beta`` → ``dpo.beta``.
+    """
+    moved = {**MOVED, **dict(moved_to_section)}
     fields = {
-        name: (_annotation(name, spec), Field(default=None, description=spec.get("help") or None))
+        name: (_annotation(name, spec, moved), Field(default=None, description=_describe(spec)))
         for name, spec in sorted(method_fields(method).items())
     }
     config = ConfigDict(extra="forbid", frozen=True)

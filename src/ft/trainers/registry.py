@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..recipe import Recipe
-from .config import optimizer_args, scheduler_args, sft_data_args
+from .config import method_section_args, optimizer_args, scheduler_args, sft_data_args
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def build_trainer(recipe: Recipe, *, model, tokenizer, train_dataset, eval_datas
     if spec is None:
         raise NotImplementedError(f"method `{recipe.method}` has no trainer yet; available: {', '.join(TRAINERS)}")
     kwargs = {**defaults, **optimizer_args(recipe), **scheduler_args(recipe), **spec.data_args(recipe),
-              **recipe.train_args}
+              **method_section_args(recipe), **recipe.train_args}
     config = spec.load(spec.config)(**kwargs)
     return spec.load(spec.trainer)(
         model=model,

@@ -1,0 +1,119 @@
+"""One recipe section per method that needs its own settings (``dpo:``, ``grpo:``, ``kto:``, ``orpo:``).
+
+Each section's fields map onto the method's TRL config fields (``CONFIG_FIELDS``); those TRL fields
+are then rejected under ``train:`` with a pointer here, so every setting has exactly one home.
+Defaults are TRL's own, read from the generated field table.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal, Optional, Union
+
+from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
+
+from .base import Section, resolve_input_path
+from .train_section import method_fields
+
+Number = Union[int, float]
+BUILTIN_REWARDS = ("exact_match", "numeric_match", "format", "length_penalty")
+
+
+def trl_default(method: str, name: str):
+    return method_fields(method)[name]["default"]
+
+
+class MethodSection(Section):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {}  # section field -> TRL config field
+
+    def config_args(self) -> dict[str, Any]:
+        return {trl: getattr(self, field) for field, trl in self.CONFIG_FIELDS.items()}
+
+
+class DpoSection(MethodSection):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {"beta": "beta", "loss_type": "loss_type"}
+
+    beta: Number = Field(trl_default("dpo", "beta"), ge=0, description="Strength of the implicit KL penalty.")
+    loss_type: list[StrictStr] = Field(trl_default("dpo", "loss_type"), description="DPO loss variant(s).")
+    ref_model: Optional[StrictStr] = Field(
+        None, description="Reference model (hub id or directory); unset: a frozen copy of the start model, "
+        "or the base with the adapter disabled when training LoRA.")
+
+    resolve_ref = field_validator("ref_model")(resolve_input_path)
+
+
+class RewardSpec(Section):
+    """A GRPO reward: a built-in by ``name`` or a user function by ``fn: module:function``."""
+
+    name: Optional[Literal[BUILTIN_REWARDS]] = Field(None, description="Built-in reward.")
+    fn: Optional[StrictStr] = Field(None, description="User reward `module:function` (a module next to the recipe "
+                                    "is importable).")
+    weight: Number = Field(1.0, description="Weight of this reward in the sum.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the reward.")
+
+    @field_validator("fn")
+    @classmethod
+    def module_function(cls, value):
+        if value is not None and not re.fullmatch(r"[\w.]+:\w+", value):
+            raise ValueError("must look like `module:function` (e.g. my_rewards:brevity)")
+        return value
+
+    @model_validator(mode="after")
+    def one_source(self):
+        if (self.name is None) == (self.fn is None):
+            raise ValueError("give exactly one of `name` (a built-in reward) or `fn` (module:function)")
+        return self
+
+
+class GrpoSection(MethodSection):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {
+        name: name for name in ("num_generations", "max_completion_length", "steps_per_generation",
+                                "generation_batch_size", "temperature", "top_p", "top_k", "beta")
+    }
+
+    num_generations: PositiveInt = Field(trl_default("grpo", "num_generations"),
+                                         description="Completions sampled per prompt.")
+    max_completion_length: PositiveInt = Field(trl_default("grpo", "max_completion_length"),
+                                               description="Token limit of each completion.")
+    steps_per_generation: Optional[PositiveInt] = Field(
+        None, description="Optimizer steps served by one generation round (unset: gradient_accumulation_steps).")
+    generation_batch_size: Optional[PositiveInt] = Field(
+        None, description="Prompts×completions per generation round (alternative to steps_per_generation).")
+    temperature: Number = Field(trl_default("grpo", "temperature"), gt=0, description="Sampling temperature.")
+    top_p: Number = Field(trl_default("grpo", "top_p"), gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(trl_default("grpo", "top_k"), ge=0, description="Top-k sampling (0: off).")
+    beta: Number = Field(trl_default("grpo", "beta"), ge=0, description="KL coefficient (0: no reference model).")
+    rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
+
+    CONFIG_MOVED: ClassVar[dict[str, str]] = {"reward_weights": "grpo.rewards[].weight"}
+
+
+class KtoSection(MethodSection):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {
+        "beta": "beta", "desirable_weight": "desirable_weight", "undesirable_weight": "undesirable_weight"}
+
+    beta: Number = Field(trl_default("kto", "beta"), ge=0, description="KTO beta.")
+    desirable_weight: Number = Field(trl_default("kto", "desirable_weight"), gt=0,
+                                     description="Weight of desirable (chosen) examples.")
+    undesirable_weight: Number = Field(trl_default("kto", "undesirable_weight"), gt=0,
+                                       description="Weight of undesirable (rejected) examples.")
+
+
+class OrpoSection(MethodSection):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {"beta": "beta"}
+
+    beta: Number = Field(trl_default("orpo", "beta"), gt=0, description="ORPO lambda (odds-ratio weight).")
+
+
+METHOD_SECTIONS: dict[str, type[MethodSection]] = {
+    "dpo": DpoSection, "grpo": GrpoSection, "kto": KtoSection, "orpo": OrpoSection,
+}
+
+
+def moved_to_method_section(method: str) -> dict[str, str]:
+    """TRL config field -> the method-section key that replaces it under ``train:``."""
+    section = METHOD_SECTIONS.get(method)
+    if section is None:
+        return {}
+    moved = {trl: f"{method}.{field}" for field, trl in section.CONFIG_FIELDS.items()}
+    return {**moved, **getattr(section, "CONFIG_MOVED", {})}
