@@ -79,6 +79,7 @@ def test_train_refuses_cuda_only_settings_before_loading(write_recipe, tmp_path)
     path = write_recipe(recipe)
     result = run_ft("train", str(path))
     assert result.returncode == 2
-    assert "model.quantization" in result.stderr and "Traceback" not in result.stderr
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("  quantization:"))
+    assert f"{path}:{line}: model.quantization:" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
     assert yaml.safe_load(path.read_text())  # the recipe itself is fine; only this machine can't run it

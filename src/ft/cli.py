@@ -75,7 +75,28 @@ def train(
     except (DataError, ModelLoadError, ResumeError) as exc:
         _err(f"ft: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    except Exception as exc:  # anything else: one paragraph here, the traceback in a file
+        _err(_unexpected_failure(exc, loaded.recipe.train_args.get("output_dir", ".")))
+        raise typer.Exit(1) from None
     raise typer.Exit(result.exit_code)
+
+
+def _unexpected_failure(exc: Exception, output_dir: str) -> str:
+    import os
+    import traceback
+
+    if os.environ.get("FT_DEBUG"):
+        raise exc
+    log = Path(output_dir) / "error.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(traceback.format_exception(exc)))
+        where = f"the full traceback is in {log}"
+    except OSError:
+        where = "set FT_DEBUG=1 to see the traceback"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return (f"ft: training failed with {type(exc).__name__}: {first}. This is not a recipe error ft knows how to "
+            f"explain; {where}. Rerun with FT_DEBUG=1 to raise it, and please report it if it looks like a bug.")
 
 
 @app.command()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints, data, hardware, models, report
-from .recipe import LoadedRecipe, RecipeError
+from .recipe import LoadedRecipe
 from .recipe.redact import resolved_recipe_yaml
 from .trainers import build_trainer
 
@@ -31,7 +31,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     hw = hardware.probe()
     problems = hardware.check_hardware(recipe, hw)
     if problems:
-        raise RecipeError(problems, str(loaded.source))
+        raise loaded.error(problems)
     args = recipe.train_args
     output_dir = Path(args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,12 @@ class LoadedRecipe:
     recipe: RecipeBase
     warnings: list[Problem]
     source: Path
+    locations: Locations
+
+    def error(self, problems: list[Problem]) -> RecipeError:
+        """A RecipeError for problems found later (e.g. machine checks), located like load-time ones."""
+        located = [Problem(p.path, p.message, p.where or _where(p.path, self.locations), p.level) for p in problems]
+        return RecipeError(located, str(self.source))
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
@@ -39,7 +45,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe
         _apply_set(raw, locations, item, str(path))
     _default_output_dir(raw, path)
     recipe, warnings = validate(raw, locations, base_dir=path.resolve().parent, source=str(path))
-    return LoadedRecipe(recipe, warnings, path)
+    return LoadedRecipe(recipe, warnings, path, locations)
 
 
 def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locations]:
