@@ -15,7 +15,7 @@ class DataError(Exception):
 def build_datasets(recipe: Recipe) -> tuple[object, object | None]:
     """(train, eval) datasets in TRL's column layout; eval is None when the recipe has none."""
     train = _split(recipe.data.train, "train")
-    evaluation = _split(recipe.data.eval, "eval") if recipe.data.eval else None
+    evaluation = _split(recipe.data.eval_sources, "eval") if recipe.data.eval_sources else None
     return train, evaluation
 
 

@@ -65,7 +65,7 @@ def eval_on_start_needs_eval(recipe) -> list[Problem]:
     if not effective(recipe, "eval_on_start"):
         return []
     missing = [what for what, ok in (("`train.eval_strategy` (steps or epoch)", evaluates(recipe)),
-                                     ("an eval dataset (`data.eval`)", bool(recipe.data.eval))) if not ok]
+                                     ("an eval dataset (`data.eval`)", recipe.data.has_eval)) if not ok]
     if missing:
         return error("train.eval_on_start", "needs " + " and ".join(missing) + "; add them or remove eval_on_start.")
     return []
@@ -74,7 +74,7 @@ def eval_on_start_needs_eval(recipe) -> list[Problem]:
 @rule
 def eval_strategy_needs_eval_data(recipe) -> list[Problem]:
     """Evaluation during training reads the eval dataset; without one the Trainer fails at the first eval."""
-    if evaluates(recipe) and not recipe.data.eval:
+    if evaluates(recipe) and not recipe.data.has_eval:
         return error("train.eval_strategy", f"is {effective(recipe, 'eval_strategy')!r} but the recipe has no "
                      "`data.eval` sources; add some or set `train.eval_strategy: 'no'`.")
     return []
@@ -235,8 +235,8 @@ def data_formats_fit_method(recipe) -> list[Problem]:
     return [
         Problem(f"data.{split}.{i}.format", f"`{source.format}` data cannot train method `{recipe.method}`; "
                 f"use one of: {', '.join(sorted(allowed))}.")
-        for split in ("train", "eval")
-        for i, source in enumerate(getattr(recipe.data, split))
+        for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources))
+        for i, source in enumerate(sources)
         if source.format not in allowed
     ]
 
@@ -247,6 +247,16 @@ def packing_is_sft_only(recipe) -> list[Problem]:
     if recipe.data.packing and recipe.method != "sft":
         return error("data.packing", f"packing is only for method `sft`, not `{recipe.method}`; "
                      "set `data.packing: false`.")
+    return []
+
+
+@rule
+def length_sampling_without_packing(recipe) -> list[Problem]:
+    """Packed sequences all have max_length tokens: grouping them by length does nothing."""
+    strategy = effective(recipe, "train_sampling_strategy")
+    if recipe.data.packing and strategy in ("group_by_length", "batch_rebalance"):
+        return warning("train.train_sampling_strategy", f"`{strategy}` has nothing to group when "
+                       "`data.packing` is on (every packed row is max_length long); use `random`.")
     return []
 
 
