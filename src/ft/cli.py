@@ -3,6 +3,7 @@ and ``ft validate`` start fast and never import torch."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -61,14 +62,21 @@ def train(
 ) -> None:
     """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
     loaded = _load(recipe, set_)
+    from .run import train as run_train
+
+    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err), loaded)
+    raise typer.Exit(result.exit_code)
+
+
+def _guarded(step, loaded):
+    """Run a command's work, turning every failure into one paragraph and an exit code."""
     from .checkpoints import ResumeError
     from .data import DataError
     from .models import ModelLoadError
     from .recipe import RecipeError
-    from .run import train as run_train
 
     try:
-        result = run_train(loaded, resume=resume, say=_err)
+        return step()
     except RecipeError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_INVALID) from None
@@ -78,7 +86,6 @@ def train(
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file
         _err(_unexpected_failure(exc, loaded.recipe.train_args.get("output_dir", ".")))
         raise typer.Exit(1) from None
-    raise typer.Exit(result.exit_code)
 
 
 def _unexpected_failure(exc: Exception, output_dir: str) -> str:
@@ -100,10 +107,18 @@ def _unexpected_failure(exc: Exception, output_dir: str) -> str:
 
 
 @app.command()
+def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
+    """Tokenize the data once (with loss masks and a length column) into data.prepared_path for ft train."""
+    loaded = _load(recipe, set_)
+    from .run import preprocess as run_preprocess
+
+    prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded)
+    print(json.dumps(prepared.stats, indent=1))
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of recipes (for editors: yaml-language-server)."""
-    import json
-
     from .recipe.json_schema import recipe_json_schema
 
     print(json.dumps(recipe_json_schema(), indent=1))

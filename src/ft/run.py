@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints, data, hardware, models, report
-from .recipe import LoadedRecipe
+from .recipe import LoadedRecipe, Problem
 from .recipe.redact import resolved_recipe_yaml
 from .trainers import build_trainer
 
@@ -26,6 +26,16 @@ class RunResult:
         return EXIT_DONE if self.status == "completed" else EXIT_STOPPED
 
 
+def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data.PreparedData:
+    """Tokenize once into ``data.prepared_path`` (a no-op when the fingerprint already matches)."""
+    recipe = loaded.recipe
+    if recipe.data.prepared_path is None:
+        raise loaded.error([Problem("data.prepared_path", "`ft preprocess` writes the tokenized dataset there; "
+                                    "set it (e.g. prepared/my-run) so `ft train` can reuse it.")])
+    tokenizer = models.load_tokenizer(recipe.model)
+    return data.prepare_data(recipe, tokenizer, say)
+
+
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print) -> RunResult:
     recipe = loaded.recipe
     hw = hardware.probe()
@@ -40,10 +50,13 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     resume_from = checkpoints.resolve_resume(resume, output_dir)
     tokenizer = models.load_tokenizer(recipe.model)
-    train_dataset, eval_dataset = data.build_datasets(recipe)
+    template = data.chat_template_for(recipe, tokenizer)
+    if template is not None:
+        tokenizer.chat_template = template  # final/ ships the template the model was trained with
+    prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=args.get("seed", 42))
-    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=train_dataset,
-                            eval_dataset=eval_dataset, defaults=hardware.device_defaults(recipe, hw))
+    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
+                            eval_dataset=prepared.eval, defaults=hardware.device_defaults(recipe, hw))
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
@@ -54,16 +67,16 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     if checkpoints.stopped_for_jit(output_dir, state.global_step, state.max_steps, trainer.args.enable_jit_checkpoint):
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None)
+                                   final_eval=None, extra={"data": prepared.stats})
         report.write_summary(output_dir, summary)
         say(f"ft: stopped at step {state.global_step}; checkpoint saved. Resume with: "
             f"ft train {loaded.source} --resume auto")
         return RunResult("stopped", output_dir, summary)
 
-    final_eval = trainer.evaluate() if eval_dataset is not None else None
+    final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval)
+                               final_eval=final_eval, extra={"data": prepared.stats})
     report.write_summary(output_dir, summary)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)

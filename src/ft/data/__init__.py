@@ -1,5 +1,6 @@
-"""Datasets for a run: read each source, convert its rows to the columns TRL expects, concatenate."""
+"""Datasets for a run: sources → canonical rows → (SFT) tokens with loss masks and a length column."""
 
-from .build import DataError, build_datasets
+from .build import PreparedData, chat_template_for, prepare_data
+from .rows import DataError
 
-__all__ = ["DataError", "build_datasets"]
+__all__ = ["DataError", "PreparedData", "chat_template_for", "prepare_data"]

@@ -1,50 +1,139 @@
-"""All sources of a split, formatted and concatenated."""
+"""The datasets of a run: read → canonical rows → (SFT) tokens, masks and length → cached.
+
+SFT data is tokenized here, once, with loss masks and a length column, so the sampler needs no scan
+and ``ft preprocess`` can cache it; TRL then only packs (when asked). Preference and prompt data are
+handed to TRL as canonical rows: its DPO/KTO/ORPO/GRPO trainers tokenize them their own way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from ..recipe import Recipe
-from ..recipe.schema import DataSource
-from .formats import FORMATS, RowError
-from .sources import SourceError, read_source
+from ..recipe.schema import DataSource, SplitRatio
+from . import cache
+from .formats import normalize
+from .rows import BadRows, DataError
+from .sources import mix, read_source, split_off
+from .templates import TemplateError, resolve_chat_template
+from .tokenize import TokenizeSettings, tokenize_batch
+
+FLAGS = ("ft_truncated", "ft_too_long", "ft_no_loss")
 
 
-class DataError(Exception):
-    """A data source or row the recipe points at cannot be used (exit code 2)."""
+@dataclass
+class PreparedData:
+    train: object
+    eval: object | None
+    stats: dict = field(default_factory=dict)
 
 
-def build_datasets(recipe: Recipe) -> tuple[object, object | None]:
-    """(train, eval) datasets in TRL's column layout; eval is None when the recipe has none."""
-    train = _split(recipe.data.train, "train")
-    evaluation = _split(recipe.data.eval_sources, "eval") if recipe.data.eval_sources else None
-    return train, evaluation
+def prepare_data(recipe: Recipe, tokenizer, say: Callable[[str], None] = print, *, rebuild_ok: bool = True
+                 ) -> PreparedData:
+    """The run's datasets, from the prepared cache when its fingerprint matches.
+
+    ``rebuild_ok=False`` is ``data.require_prepared``: a missing or stale cache is an error.
+    """
+    if recipe.method != "sft":
+        return _canonical_rows(recipe, say)
+    template = chat_template_for(recipe, tokenizer)
+    if recipe.data.prepared_path is None:
+        prepared = _tokenized(recipe, tokenizer, template, say)
+        prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"
+        return prepared
+    path = Path(recipe.data.prepared_path)
+    components = cache.fingerprint(recipe, tokenizer, template)
+    state = cache.check(path, components)
+    say("data: " + state.describe(str(path)))
+    if state.status == "fresh":
+        train, evaluation, stats = cache.load(path)
+        return PreparedData(train, evaluation, {**stats, "prepared": f"reused {path}"})
+    if not rebuild_ok:
+        raise DataError(f"data.require_prepared: {state.describe(str(path))}; run `ft preprocess` on this recipe "
+                        "first, or set `data.require_prepared: false` to rebuild it during `ft train`.")
+    prepared = _tokenized(recipe, tokenizer, template, say)
+    cache.save(path, prepared.train, prepared.eval, components, prepared.stats)
+    prepared.stats["prepared"] = f"{'built' if state.status == 'missing' else 'rebuilt'} {path}"
+    say(f"data: wrote the prepared dataset to {path}")
+    return prepared
 
 
-def _split(sources: list[DataSource], split: str):
-    import datasets
-
-    parts = [_formatted(source, f"data.{split}.{i}") for i, source in enumerate(sources)]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-def _formatted(source: DataSource, key: str):
+def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
+    """The Jinja template chat rows are rendered with (None when no source is chat-shaped)."""
+    chat = any(s.format in ("chat", "instruction") for s in (*recipe.data.train, *recipe.data.eval_sources))
+    if not chat:
+        return None
     try:
-        raw = read_source(source)
-    except SourceError as exc:
-        raise DataError(f"{key}.path: {exc}.") from None
-    except Exception as exc:  # datasets raises many types for unreadable files
-        raise DataError(f"{key}.path: could not read {source.path!r}: {_first_line(exc)}") from None
-    convert = FORMATS[source.format]
-
-    def checked(row, index):
-        try:
-            return convert(row)
-        except (RowError, KeyError, TypeError) as exc:
-            raise DataError(f"{key}: row {index} of {source.path} does not fit format "
-                            f"`{source.format}`: {exc}. Fix the row or choose another `format`.") from None
-
-    return raw.map(checked, with_indices=True, remove_columns=raw.column_names, desc=f"formatting {key}")
+        return resolve_chat_template(recipe.data.chat_template, tokenizer)
+    except TemplateError as exc:
+        raise DataError(str(exc)) from None
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _read(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
+    data, report = recipe.data, BadRows()
+
+    def split(sources: list[DataSource], name: str):
+        parts, keys = [], [f"data.{name}.{i}" for i in range(len(sources))]
+        for key, source in zip(keys, sources, strict=True):
+            raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
+            parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report))
+        return mix(parts, keys) if parts else None
+
+    train, evaluation = split(data.train, "train"), split(data.eval_sources, "eval")
+    if isinstance(data.eval, SplitRatio):
+        train, evaluation = split_off(train, data.eval.split_ratio, data.seed)
+    if report.total:
+        say("data: " + report.describe())
+    return train, evaluation, report
+
+
+def _canonical_rows(recipe: Recipe, say) -> PreparedData:
+    train, evaluation, report = _read(recipe, say)
+    strip = [c for c in train.column_names if c.startswith("__ft")]
+    train = train.remove_columns(strip)
+    evaluation = evaluation.remove_columns(strip) if evaluation is not None else None
+    stats = {"train_rows": len(train), "eval_rows": len(evaluation) if evaluation is not None else 0,
+             "skipped_rows": report.as_dict()}
+    return PreparedData(train, evaluation, stats)
+
+
+def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> PreparedData:
+    data = recipe.data
+    settings = TokenizeSettings(template=template, max_length=data.max_length, truncation=data.truncation,
+                                train_on=data.train_on)
+    length_column = recipe.train_args.get("length_column_name", "length")
+    train, evaluation, report = _read(recipe, say)
+    stats: dict = {"skipped_rows": report.as_dict()}
+    out = {}
+    for name, dataset in (("train", train), ("eval", evaluation)):
+        if dataset is None:
+            continue
+        out[name], counts = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column)
+        stats[f"{name}_rows"] = len(out[name])
+        stats[f"{name}_tokens"] = int(sum(out[name][length_column]))
+        stats.update({f"{name}_{key}": value for key, value in counts.items()})
+        if any(counts.values()):
+            say(f"data: {name}: " + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in counts.items()))
+    if not len(out["train"]):
+        raise DataError("data.train: no training rows are left after filtering (see the counts above); check "
+                        "`data.max_length`, `data.truncation` and the bad-row report.")
+    return PreparedData(out["train"], out.get("eval"), stats)
+
+
+def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str):
+    tokenized = dataset.map(tokenize_batch, batched=True, fn_kwargs={"tokenizer": tokenizer, "settings": settings},
+                            num_proc=num_proc, remove_columns=dataset.column_names, desc=f"tokenizing {name}")
+    truncated, too_long, no_loss = (tokenized[flag] for flag in FLAGS)
+    dropped_no_loss = sum(n and not t for n, t in zip(no_loss, too_long, strict=True))
+    counts = {"rows_truncated": sum(truncated), "rows_dropped_as_too_long": sum(too_long),
+              "rows_dropped_with_no_trained_tokens": dropped_no_loss}
+    if counts["rows_dropped_as_too_long"] or dropped_no_loss:
+        tokenized = tokenized.filter(lambda t, n: [not (a or b) for a, b in zip(t, n, strict=True)],
+                                     input_columns=["ft_too_long", "ft_no_loss"], batched=True,
+                                     desc=f"dropping {name} rows")
+    tokenized = tokenized.remove_columns(list(FLAGS))
+    if length_column != "length":
+        tokenized = tokenized.rename_column("length", length_column)
+    return tokenized, counts

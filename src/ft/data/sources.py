@@ -1,31 +1,170 @@
-"""Reading one ``data.train``/``data.eval`` entry into a ``datasets.Dataset``."""
+"""Reading one ``data.train``/``data.eval`` entry into a ``datasets.Dataset``; mixing and splitting them.
+
+A source is a local file (its suffix picks the ``datasets`` builder, see FILE_BUILDERS), a directory
+written by ``save_to_disk`` (a Dataset, or a DatasetDict read at ``split``), or a hub dataset id. Every
+dataset read gets the int column ``__ft_row``, the row's index in the source before ``fraction``
+subsamples it, so a bad row can be reported as ``file:line``. Blank lines of .jsonl and .txt files are
+not rows.
+"""
 
 from __future__ import annotations
 
+import codecs
+import json
 from pathlib import Path
 
+import datasets
+import numpy as np
+
 from ..recipe.schema import DataSource
+from .rows import BLANK, ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
 
-# file suffix -> datasets builder name
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
-
-
-class SourceError(Exception):
-    pass
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
 
-def read_source(source: DataSource):
-    import datasets
+def read_source(source: DataSource, *, seed: int, on_bad_row: str, report: BadRows,
+                key: str | None = None) -> datasets.Dataset:
+    """The rows of ``source`` with ``__ft_row``, subsampled to ``source.fraction`` with ``seed``.
 
+    Only a .jsonl file can hold rows this step finds bad (invalid JSON, a line that is not an object):
+    ``on_bad_row="error"`` raises DataError naming them, ``"skip"`` counts them in ``report`` under
+    ``key`` (or, without a key, under ``source.path``, which ``normalize`` re-files under its key).
+    """
+    dataset = _load(source, on_bad_row, report, key)
+    if not len(dataset):
+        raise DataError(f"{_subject(source, key)} has no rows.")
+    if ROW not in dataset.column_names:
+        dataset = dataset.add_column(ROW, np.arange(len(dataset), dtype=np.int64))
+    return _subsample(dataset, source.fraction, seed)
+
+
+def mix(parts: list[datasets.Dataset], keys: list[str] | None = None) -> datasets.Dataset:
+    """The normalized sources of one split, concatenated in order; they must share one column layout.
+    ``keys`` (``data.train.0``, …) name the sources in the error."""
+    names = keys or [f"source {i}" for i in range(len(parts))]
+    first, aligned = parts[0], [parts[0]]
+    for name, part in zip(names[1:], parts[1:], strict=True):
+        if set(part.column_names) != set(first.column_names):
+            raise DataError(f"{name} has the columns {_columns(part)} but {names[0]} has {_columns(first)}: the "
+                            "sources of one split must use formats with the same columns (and, for `prompt`, the "
+                            "same extra fields).")
+        try:
+            aligned.append(part if part.features == first.features else part.cast(first.features))
+        except Exception:  # arrow cannot turn one layout into the other
+            raise DataError(f"{name} and {names[0]} hold different kinds of values ({part.features} vs "
+                            f"{first.features}): the sources of one split must agree, e.g. all text or all "
+                            "lists of messages.") from None
+    return aligned[0] if len(aligned) == 1 else datasets.concatenate_datasets(aligned)
+
+
+def split_off(dataset: datasets.Dataset, ratio: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval): a seeded ``round(ratio × n)`` rows (at least 1) held out; both keep the rows' order."""
+    count = max(1, round(ratio * len(dataset)))
+    if count >= len(dataset):
+        raise DataError(f"data.eval.split_ratio: holding out {ratio} of {len(dataset)} training rows leaves none to "
+                        "train on; add rows or give `data.eval` its own sources.")
+    held = np.random.default_rng(seed).choice(len(dataset), size=count, replace=False)
+    keep = np.ones(len(dataset), dtype=bool)
+    keep[held] = False
+    return dataset.select(np.flatnonzero(keep)), dataset.select(np.sort(held))
+
+
+def _load(source: DataSource, on_bad_row: str, report: BadRows, key: str | None) -> datasets.Dataset:
     path = Path(source.path)
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-        loaded = datasets.load_from_disk(str(path))
-        return loaded[source.split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        return _from_disk(path, source, key)
     if path.is_file():
-        builder = BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise SourceError(f"unsupported file type {path.suffix!r}; use one of {', '.join(BUILDERS)}")
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
-    if path.is_absolute() or source.path.startswith((".", "~")) or path.suffix.lower() in BUILDERS:
-        raise SourceError(f"{source.path!r} does not exist (relative paths are read from the recipe's folder)")
-    return datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
+        return _from_file(path, source, on_bad_row, report, key)
+    if not path.is_dir() and (path.is_absolute() or source.path.startswith((".", "~"))
+                              or path.suffix.lower() in FILE_BUILDERS):
+        raise DataError(f"{_subject(source, key)} does not exist (relative paths are read from the recipe's "
+                        "folder).")
+    try:  # a hub id, or a local folder of data files
+        return datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
+    except Exception as exc:
+        raise DataError(f"{_subject(source, key)}: could not load split {source.split!r} as a dataset: "
+                        f"{_first_line(exc)}") from None
+
+
+def _from_disk(path: Path, source: DataSource, key: str | None) -> datasets.Dataset:
+    loaded = datasets.load_from_disk(str(path))
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    if source.split not in loaded:
+        raise DataError(f"{_subject(source, key)} has no split {source.split!r}; it has {', '.join(loaded)}. "
+                        "Set `split:` to one of them.")
+    return loaded[source.split]
+
+
+def _from_file(path: Path, source: DataSource, on_bad_row: str, report: BadRows, key: str | None):
+    suffix = path.suffix.lower()
+    if suffix not in FILE_BUILDERS:
+        raise DataError(f"{_subject(source, key)}: unsupported file type {path.suffix!r}; use one of "
+                        f"{', '.join(FILE_BUILDERS)}, a `save_to_disk` directory or a hub dataset id.")
+    try:
+        dataset = datasets.load_dataset(FILE_BUILDERS[suffix], data_files=str(path), split="train")
+    except Exception as exc:  # arrow's reader fails on one bad line, with an unhelpful message
+        if suffix != ".jsonl":
+            raise DataError(f"{_subject(source, key)}: could not read it: {_first_line(exc)}") from None
+        return _jsonl_in_python(path, source, on_bad_row, report, key, exc)
+    if suffix == ".txt":  # the text builder keeps blank lines; they are not rows
+        dataset = dataset.filter(lambda text: [bool(t and t.strip(BLANK)) for t in text], input_columns="text",
+                                 batched=True)
+    return dataset
+
+
+def _jsonl_in_python(path: Path, source: DataSource, on_bad_row: str, report: BadRows, key: str | None,
+                     failure: Exception) -> datasets.Dataset:
+    """A .jsonl file arrow could not read, read line by line: bad lines are reported (or skipped), and the
+    rest stored with ``Json`` columns where values change type, for ``normalize`` to judge row by row."""
+    rows, indices, bad = [], [], []
+    try:
+        for index, (number, line) in enumerate(nonblank_lines(path)):
+            try:
+                row = json.loads(line.removeprefix(codecs.BOM_UTF8) if number == 1 else line)
+            except ValueError as exc:
+                bad.append((index, RowError("invalid_json", f"invalid JSON: {_json_reason(exc)}")))
+                continue
+            if not isinstance(row, dict):
+                bad.append((index, RowError("wrong_type", f"a JSON {type(row).__name__} where an object was "
+                                                          "expected")))
+                continue
+            rows.append(row)
+            indices.append(index)
+    except OSError as exc:
+        raise DataError(f"{_subject(source, key)}: could not read it: {exc}") from None
+    if bad and on_bad_row == "error":
+        raise bad_rows_error(key, source, bad, len(bad))
+    for _, error in bad:
+        report.add(key or source.path, error.reason)
+    columns = dict.fromkeys(name for row in rows for name in row)
+    table = {name: [row.get(name) for row in rows] for name in columns}
+    try:
+        return datasets.Dataset.from_dict({**table, ROW: indices}, on_mixed_types="use_json")
+    except Exception:
+        raise DataError(f"{_subject(source, key)}: could not read it: {_first_line(failure)}") from None
+
+
+def _subsample(dataset: datasets.Dataset, fraction: float, seed: int) -> datasets.Dataset:
+    """A seeded ``round(fraction × n)`` rows (at least 1), kept in the source's order."""
+    if fraction >= 1:
+        return dataset
+    count = max(1, round(fraction * len(dataset)))
+    return dataset.select(np.sort(np.random.default_rng(seed).choice(len(dataset), size=count, replace=False)))
+
+
+def _subject(source: DataSource, key: str | None) -> str:
+    return f"{key}.path: {source.path}" if key else f"data source {source.path}"
+
+
+def _columns(dataset: datasets.Dataset) -> str:
+    return ", ".join(c for c in dataset.column_names if c != ROW) or "(none)"
+
+
+def _json_reason(exc: ValueError) -> str:
+    return f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -69,12 +69,14 @@ class DataSource(Section):
     split: StrictStr = Field("train", description="Split to read (hub datasets and dataset dicts).")
     name: Optional[StrictStr] = Field(None, description="Hub dataset configuration name.")
     revision: Optional[StrictStr] = Field(None, description="Hub dataset revision (a commit pins the data).")
-    fraction: Number = Field(1.0, gt=0, le=1, description="Share of this source's rows to use (sampled with data.seed).")
+    fraction: Number = Field(1.0, gt=0, le=1,
+                             description="Share of this source's rows to use (sampled with data.seed).")
     fields: dict[StrictStr, StrictStr] = Field(
         default_factory=dict, description="Canonical name -> this source's name, for columns and message keys, "
         "e.g. {messages: conversations, role: from, content: value} for ShareGPT.")
     roles: dict[StrictStr, StrictStr] = Field(
-        default_factory=dict, description="This source's role names -> canonical roles, e.g. {human: user, gpt: assistant}.")
+        default_factory=dict,
+        description="This source's role names -> canonical roles, e.g. {human: user, gpt: assistant}.")
 
     resolve_path = field_validator("path")(resolve_input_path)
 

@@ -38,13 +38,12 @@ def method_section_args(recipe: Recipe) -> dict:
 
 
 def sft_data_args(recipe: Recipe) -> dict:
+    """ft hands SFTTrainer tokenized rows (input_ids, labels with the loss mask, length): TRL skips its own
+    preparation, except packing, and the length column survives for the length-aware samplers."""
     data = recipe.data
-    conversational = all(s.format in ("chat", "instruction") for s in data.train)
-    args = {
+    return {
         "max_length": data.max_length,
         "packing": data.packing,
-        "assistant_only_loss": conversational and data.train_on == "assistant",
+        "dataset_kwargs": {"skip_prepare_dataset": not data.packing},
+        "remove_unused_columns": False,
     }
-    if data.num_proc:
-        args["dataset_num_proc"] = data.num_proc
-    return args

@@ -1,0 +1,106 @@
+"""Chat templates: the built-in ones, resolving ``data.chat_template``, and finding a template's end-of-turn text.
+
+The built-ins wrap assistant turns in ``{% generation %}`` markers, so transformers' own assistant mask
+(``return_assistant_tokens_mask=True``) works with them too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
+    "{%- else %}{{- message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Llama 3 instruct: like Meta's template, message contents are trimmed.
+LLAMA3 = (
+    "{{- '<|begin_of_text|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}"
+    "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML, "llama3": LLAMA3}
+
+_FIX = "set data.chat_template: chatml (or llama3, or an inline Jinja template)"
+
+
+class TemplateError(ValueError):
+    """``data.chat_template`` cannot be resolved or rendered; the message names the key and the fix."""
+
+
+def resolve_chat_template(spec: str | None, tokenizer) -> str:
+    """The Jinja template for ``data.chat_template``.
+
+    None -> the tokenizer's own template; a built-in name (``chatml``, ``llama3``) -> that template; a string
+    containing ``{{`` or ``{%`` -> the string itself (inline Jinja). Anything else is a TemplateError.
+    """
+    if spec is None:
+        own = getattr(tokenizer, "chat_template", None)
+        if isinstance(own, dict):  # several named templates: the default one is the chat template
+            own = own.get("default")
+        if not own:
+            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+            raise TemplateError(
+                f"data.chat_template is unset and the tokenizer ({name}) has no chat template of its own, "
+                f"so chat rows cannot be rendered: {_FIX}."
+            )
+        return own
+    if spec in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[spec]
+    if "{{" in spec or "{%" in spec:
+        return spec
+    close = difflib.get_close_matches(spec.strip().lower(), list(BUILTIN_TEMPLATES), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise TemplateError(
+        f"data.chat_template: {spec!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) nor an "
+        f"inline Jinja template (one contains '{{{{' or '{{%'); {hint}{_FIX}."
+    )
+
+
+_PROBES = (  # unique markers; the second probe serves templates that refuse a system message
+    ("system", "user", "assistant"),
+    ("user", "assistant"),
+)
+
+
+def _marker(role: str) -> str:
+    return f"ftprobe{role}7q"
+
+
+def end_of_turn(template: str, tokenizer) -> str:
+    """The text ``template`` writes right after an assistant message's content: ``<|im_end|>`` for ChatML,
+    ``<|eot_id|>`` for Llama 3, ``" </s>"`` for Llama 2, ``""`` when it writes nothing but whitespace.
+
+    It is read from a rendered probe conversation ending with an assistant message: what follows the
+    assistant's content, up to the first whitespace after the marker (leading whitespace is kept, trailing
+    whitespace dropped). The loss masks count it as part of the assistant turn, so the model learns to stop.
+    """
+    errors = []
+    for roles in _PROBES:
+        messages = [{"role": role, "content": _marker(role)} for role in roles]
+        try:
+            rendered = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template)
+        except Exception as exc:  # any template failure is reported below
+            errors.append(f"{type(exc).__name__}: {exc}")
+            continue
+        at = rendered.rfind(_marker("assistant"))
+        if at < 0:  # the template rewrites contents: no end-of-turn can be read
+            return ""
+        suffix = rendered[at + len(_marker("assistant")):]
+        return re.match(r"\s*\S*", suffix).group(0).rstrip()
+    raise TemplateError(
+        f"data.chat_template: the chat template fails to render a plain system/user/assistant conversation "
+        f"({errors[-1]}); fix the template or {_FIX}."
+    )

@@ -1,0 +1,192 @@
+"""The SFT data pipeline end to end: prepared cache and its fingerprint, length column, samplers, packing,
+bad-row and truncation reporting in summary.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import ASSETS, DATA, run_ft, tiny_sft
+from transformers import AutoTokenizer
+
+from ft import data, hardware, models
+from ft.recipe import load_recipe
+from ft.trainers import build_trainer
+
+CPU = hardware.Hardware(cuda=False, bf16=False, devices=0, name="cpu")
+
+
+def _silent(_message: str) -> None:
+    pass
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """A copy of the data and tokenizer that a test may change."""
+    shutil.copy(DATA / "train.jsonl", tmp_path / "train.jsonl")
+    shutil.copy(DATA / "eval.jsonl", tmp_path / "eval.jsonl")
+    shutil.copytree(ASSETS, tmp_path / "model")
+    return tmp_path
+
+
+def _recipe(workdir, write_recipe, **data_changes):
+    recipe = tiny_sft(workdir / "out")
+    recipe["model"]["name"] = str(workdir / "model")
+    recipe["data"].update(train=[{"path": str(workdir / "train.jsonl"), "format": "chat"}],
+                          eval=[{"path": str(workdir / "eval.jsonl"), "format": "chat"}],
+                          prepared_path=str(workdir / "prepared"), **data_changes)
+    return write_recipe(recipe)
+
+
+def _prepare(path, messages=None, **kwargs):
+    recipe = load_recipe(path).recipe
+    say = messages.append if messages is not None else _silent
+    return data.prepare_data(recipe, models.load_tokenizer(recipe.model), say, **kwargs)
+
+
+def test_preprocess_writes_tokens_masks_and_length_column(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe)
+    result = run_ft("preprocess", str(path), "--set", "train.length_column_name=n_tokens")
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = json.loads(result.stdout)
+    assert stats["train_rows"] == 3000 and stats["eval_rows"] == 200
+    import datasets
+
+    train = datasets.load_from_disk(str(workdir / "prepared" / "train"))
+    assert set(train.column_names) == {"input_ids", "labels", "n_tokens"}
+    row = train[0]
+    assert row["n_tokens"] == len(row["input_ids"]) == len(row["labels"])
+    assert any(label == -100 for label in row["labels"]) and any(label != -100 for label in row["labels"])
+
+
+def test_unchanged_inputs_reuse_the_cache_and_say_so(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe)
+    first, second = [], []
+    _prepare(path, first)
+    prepared = _prepare(path, second)
+    assert any("no prepared dataset" in m for m in first)
+    assert any("reusing the prepared dataset" in m for m in second)
+    assert prepared.stats["prepared"].startswith("reused")
+
+
+def test_a_changed_data_file_invalidates_the_cache(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe)
+    _prepare(path)
+    with (workdir / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "What is 1 + 1?"},
+                                         {"role": "assistant", "content": "2"}]}) + "\n")
+    messages = []
+    prepared = _prepare(path, messages)
+    assert any("stale" in m and "data.train.0 contents" in m for m in messages), messages
+    assert len(prepared.train) == 3001
+
+
+def test_a_changed_tokenizer_invalidates_the_cache(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe)
+    _prepare(path)
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+    tokenizer.add_tokens(["<|new|>"])
+    tokenizer.save_pretrained(workdir / "model")
+    messages = []
+    _prepare(path, messages)
+    assert any("stale" in m and "tokenizer" in m for m in messages), messages
+
+
+def test_a_changed_max_length_invalidates_but_packing_does_not(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe)
+    _prepare(path)
+    messages = []
+    _prepare(_recipe(workdir, write_recipe, packing=True), messages)
+    assert any("reusing" in m for m in messages), messages
+    messages = []
+    _prepare(_recipe(workdir, write_recipe, max_length=32), messages)
+    assert any("stale" in m and "data settings" in m for m in messages), messages
+
+
+def test_require_prepared_refuses_a_stale_cache(workdir, write_recipe):
+    path = _recipe(workdir, write_recipe, require_prepared=True)
+    result = run_ft("train", str(path))
+    assert result.returncode == 2
+    assert "data.require_prepared" in result.stderr and "ft preprocess" in result.stderr
+    assert run_ft("preprocess", str(path)).returncode == 0
+    result = run_ft("train", str(path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "reusing the prepared dataset" in result.stderr
+
+
+def test_preprocess_without_prepared_path_names_the_key(write_recipe, tmp_path):
+    result = run_ft("preprocess", str(write_recipe(tiny_sft(tmp_path / "out"))))
+    assert result.returncode == 2 and "data.prepared_path" in result.stderr
+
+
+@pytest.mark.parametrize("strategy, sampler", [("group_by_length", "LengthGroupedSampler"),
+                                               ("batch_rebalance", "BatchRebalanceSampler")])
+def test_length_samplers_read_the_length_column(workdir, write_recipe, strategy, sampler):
+    path = _recipe(workdir, write_recipe)
+    recipe = load_recipe(path, [f"train.train_sampling_strategy={strategy}",
+                                "train.gradient_accumulation_steps=2"]).recipe
+    tokenizer = models.load_tokenizer(recipe.model)
+    prepared = data.prepare_data(recipe, tokenizer, _silent)
+    # a length column that disagrees with the real lengths proves the sampler reads it instead of scanning
+    fake = list(reversed(range(len(prepared.train))))
+    train = prepared.train.remove_columns("length").add_column("length", fake)
+    trainer = build_trainer(recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
+                            train_dataset=train, eval_dataset=None, defaults=hardware.device_defaults(recipe, CPU))
+    loader = trainer.get_train_dataloader()
+    used = _find_sampler(loader, sampler)
+    assert used is not None, f"no {sampler} in the train dataloader"
+    assert list(used.lengths) == fake
+
+
+def _find_sampler(node, name: str, depth: int = 4):
+    """accelerate wraps samplers (DataLoaderShard → BatchSampler(Shard) → sampler); look through the wrappers."""
+    if type(node).__name__ == name:
+        return node
+    for attr in ("batch_sampler", "sampler"):
+        inner = getattr(node, attr, None)
+        if inner is not None and inner is not node and depth:
+            found = _find_sampler(inner, name, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def test_packing_trains(write_recipe, tmp_path):
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=3)
+    recipe["data"]["packing"] = True
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def test_bad_rows_and_truncation_are_counted_in_the_summary(write_recipe, tmp_path):
+    rows = (DATA / "train.jsonl").read_text().splitlines()[:40]
+    rows += ["{not json", json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
+             json.dumps({"messages": [{"role": "user", "content": "What is " + "1 + " * 40 + "1?"},
+                                      {"role": "assistant", "content": "41"}]})]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=1)
+    recipe["data"].update(train=[{"path": str(tmp_path / "train.jsonl")}], eval=[], on_bad_row="skip",
+                          truncation="drop", max_length=64)
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = json.loads((out / "summary.json").read_text())["data"]
+    assert stats["skipped_rows"] == {"data.train.0": {"invalid_json": 1, "no_assistant_turn": 1}}
+    assert stats["train_rows_dropped_as_too_long"] == 1
+    assert stats["train_rows"] == 40
+    assert "skipped 2 rows" in result.stderr
+
+
+def test_bad_rows_stop_the_run_by_default_naming_file_and_line(write_recipe, tmp_path):
+    rows = (DATA / "train.jsonl").read_text().splitlines()[:5]
+    rows.insert(3, json.dumps({"messages": [{"role": "narrator", "content": "x"}]}))
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["data"].update(train=[{"path": str(tmp_path / "train.jsonl")}], eval=[])
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 2
+    assert f"{tmp_path / 'train.jsonl'}:4" in result.stderr and "narrator" in result.stderr
+    assert "data.on_bad_row: skip" in result.stderr and "Traceback" not in result.stderr
