@@ -12,12 +12,14 @@ arithmetic chats, batch size, max_length, seed and assistant-only loss:
 
 ft / hand is what ft's layers (Trainer, TRL, ft's config) cost per step; the target is <= 1.10.
 ft / trl is what ft's CPU defaults save a user. Start-up (imports, model build, tokenization) and
-warm-up are excluded: each run takes W untimed steps, then the wall time of the next M optimizer steps
+warm-up are excluded: a run takes W untimed steps, then the wall time of the next M optimizer steps
 (stamped at ``on_step_end`` / after ``optimizer.step()``, so logging every 10 steps counts) over M is
-its s/step. Variants run interleaved for ``--rounds`` rounds, order rotated, and the median is
-reported, so load on a shared machine hits all alike. TRL's defaults are ~30x slower on a CPU, so
-that run gets fewer steps (``--trl-steps``); its ratio needs no precision. A measurement, not a
-test: it always exits 0. Progress bars and trainer logs go to stderr, the results to stdout.
+its s/step. Variants run interleaved for ``--rounds`` rounds, order rotated. On 2 shared cores a
+competing process makes PyTorch's OpenMP steps up to ~15x slower, so the CPU time other processes
+take during each run is read from /proc/stat, and runs where it exceeds a quarter core (marked *)
+are left out of the median unless no run of that variant was quiet. TRL's defaults are ~30x slower
+on a CPU, so that run gets fewer steps (``--trl-steps``). A measurement, not a test: always exits 0.
+Progress bars and trainer logs go to stderr, the results to stdout.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -45,17 +48,32 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "labels")
 LABELS = {"hand": "hand-written torch loop", "ft": "ft train", "trl": "TRL SFTTrainer defaults"}
 
 
+QUIET = 0.25  # CPU cores other processes may use during a run before the run counts as disturbed
+
+
+def stamp() -> tuple[float, float]:
+    """(wall clock, CPU-seconds the rest of the machine has used): /proc/stat busy time minus ours."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+        machine = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError):
+        machine = time.process_time()  # no /proc: load from others cannot be seen
+    return time.perf_counter(), machine - time.process_time()
+
+
 class StepClock(TrainerCallback):
     def __init__(self):
-        self.stamps: list[float] = []
+        self.stamps: list[tuple[float, float]] = []
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(stamp())
 
 
-def seconds_per_step(stamps: list[float], warmup: int) -> float:
-    timed = stamps[warmup - 1:]  # from the end of the last warm-up step to the end of the last step
-    return (timed[-1] - timed[0]) / (len(timed) - 1)
+def measure(stamps: list[tuple[float, float]], warmup: int) -> tuple[float, float]:
+    """(s/step, cores used by other processes) from the end of the last warm-up step to the last step."""
+    (wall0, other0), (wall1, other1) = stamps[warmup - 1], stamps[-1]
+    return (wall1 - wall0) / (len(stamps) - warmup), (other1 - other0) / (wall1 - wall0)
 
 
 def make_workspace(tmp: Path) -> dict:
@@ -117,7 +135,7 @@ def run_hand(ws: dict, max_steps: int) -> list[float]:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     set_seed(SEED)
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
     while len(stamps) < max_steps:
         for batch in ws["ft_trainer"].get_train_dataloader():  # the ft trainer's own batches
             loss = model(**{key: batch[key] for key in MODEL_INPUTS if key in batch}).loss
@@ -125,7 +143,7 @@ def run_hand(ws: dict, max_steps: int) -> list[float]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
             if len(stamps) == max_steps:
                 break
     return stamps
@@ -179,21 +197,25 @@ def main() -> int:
         if opts.ft_set:
             print(f"ft run overrides: {' '.join(opts.ft_set)}", flush=True)
 
-        results: dict[str, list[float]] = {name: [] for name in names}
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for round_no in range(opts.rounds):
             for name in names[round_no % len(names):] + names[:round_no % len(names)]:  # rotate who goes first
                 warmup, steps = plan[name]
                 with contextlib.redirect_stdout(sys.stderr):
                     stamps = runners[name](ws, warmup + steps)
-                results[name].append(seconds_per_step(stamps, warmup))
-                print(f"round {round_no + 1}: {name:<5} {results[name][-1]:.4f} s/step", flush=True)
+                results[name].append(measure(stamps, warmup))
+                print(f"round {round_no + 1}: {name:<5} {results[name][-1][0]:.4f} s/step "
+                      f"(other processes: {results[name][-1][1]:.2f} cores)", flush=True)
 
-    median = {name: statistics.median(values) for name, values in results.items()}
+    # the median over the rounds the rest of the machine left alone; over all rounds if none was quiet
+    median = {name: statistics.median([s for s, other in runs if other < QUIET] or [s for s, _ in runs])
+              for name, runs in results.items()}
     base = median.get("hand")
-    print(f"\n{'variant':<26}{'s/step (median)':>16}{'vs hand loop':>14}   per round")
+    print(f"\n{'variant':<26}{'s/step (median)':>16}{'vs hand loop':>14}   per round (* = disturbed, skipped)")
     for name in names:
         ratio = f"{median[name] / base:.2f}x" if base else "-"
-        print(f"{LABELS[name]:<26}{median[name]:>16.4f}{ratio:>14}   " + " ".join(f"{v:.4f}" for v in results[name]))
+        rounds = " ".join(f"{s:.4f}{'*' if other >= QUIET else ''}" for s, other in results[name])
+        print(f"{LABELS[name]:<26}{median[name]:>16.4f}{ratio:>14}   {rounds}")
     if "ft" in median and base:
         print(f"\nft / hand-written loop = {median['ft'] / base:.2f} (target <= 1.10)")
     if "ft" in median and "trl" in median:

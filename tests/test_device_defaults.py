@@ -51,9 +51,10 @@ def test_recipe_value_always_wins(write_recipe, tmp_path, explicit):
 
 def test_built_trainer_carries_the_defaults_and_the_explicit_value(write_recipe, tmp_path):
     recipe = _recipe(write_recipe, tmp_path, activation_checkpointing=True)
+    tokenizer = models.load_tokenizer(recipe.model)
     trainer = build_trainer(
-        recipe, model=models.load_model(recipe, seed=0), tokenizer=models.load_tokenizer(recipe.model),
-        train_dataset=data.build_datasets(recipe)[0], eval_dataset=None,
+        recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
+        train_dataset=data.prepare_data(recipe, tokenizer, lambda _: None).train, eval_dataset=None,
         defaults=hardware.device_defaults(recipe, CPU),
     )
     assert trainer.args.bf16 is False
