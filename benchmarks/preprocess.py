@@ -73,6 +73,9 @@ def throughput(tmp: Path, rows: int) -> None:
     def ft_preprocess():
         import shutil
 
+        import datasets
+
+        datasets.disable_caching()  # every repeat tokenizes for real (no datasets cache hit)
         shutil.rmtree(tmp / "prepared", ignore_errors=True)
         return data.prepare_data(recipe, tokenizer, lambda _: None)
 

@@ -156,16 +156,14 @@ def _mask(ids: list[int], offsets: list[Span], spans: list[Span], text: str) -> 
 
 def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: TokenizeSettings):
     texts = [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
-    enc = tokenizer(texts, return_offsets_mapping=True)
+    masked = settings.train_on == "assistant" and any(prompts)  # plain text trains on every token
+    enc = tokenizer(texts, return_offsets_mapping=masked)
+    offsets = enc["offset_mapping"] if masked else [None] * len(texts)
     eos = tokenizer.eos_token_id
     all_ids, all_labels = [], []
-    rows = zip(prompts, texts, enc["input_ids"], enc["offset_mapping"], strict=True)
-    for prompt, text, ids, offsets in rows:
+    for prompt, text, ids, spans in zip(prompts, texts, enc["input_ids"], offsets, strict=True):
         ids = list(ids)
-        if settings.train_on == "all":
-            labels = list(ids)
-        else:
-            labels = _mask(ids, offsets, [(len(prompt), len(text))], text)
+        labels = _mask(ids, spans, [(len(prompt), len(text))], text) if masked and prompt else list(ids)
         if eos is not None:
             if ids and ids[-1] == eos:
                 labels[-1] = eos  # an EOS the tokenizer appended (its offsets are often empty)
@@ -186,7 +184,7 @@ def _limit(all_ids: list, all_labels: list, settings: TokenizeSettings) -> dict[
         truncated = too_long and settings.truncation == "truncate"
         if truncated:
             ids, labels = ids[: settings.max_length], labels[: settings.max_length]
-        out["input_ids"].append(list(ids))
+        out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["length"].append(len(ids))
         out["ft_truncated"].append(truncated)
