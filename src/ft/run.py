@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints, data, hardware, models, report
+from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem
 from .recipe.redact import resolved_recipe_yaml
-from .trainers import build_trainer
+from .trainers import build_trainer, check_plugins
 
 EXIT_DONE, EXIT_STOPPED = 0, 143
 
@@ -42,6 +43,11 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     problems = hardware.check_hardware(recipe, hw)
     if problems:
         raise loaded.error(problems)
+    base_dir = loaded.source.resolve().parent
+    try:
+        check_plugins(recipe, base_dir)
+    except PluginError as exc:
+        raise loaded.error([exc.problem]) from None
     args = recipe.train_args
     output_dir = Path(args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +62,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=args.get("seed", 42))
     trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
-                            eval_dataset=prepared.eval, defaults=hardware.device_defaults(recipe, hw))
+                            eval_dataset=prepared.eval, defaults=hardware.device_defaults(recipe, hw),
+                            base_dir=base_dir)
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
@@ -67,7 +74,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     if checkpoints.stopped_for_jit(output_dir, state.global_step, state.max_steps, trainer.args.enable_jit_checkpoint):
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra={"data": prepared.stats})
+                                   final_eval=None, extra={"data": prepared.stats, **trainer.ft_stats()})
         report.write_summary(output_dir, summary)
         say(f"ft: stopped at step {state.global_step}; checkpoint saved. Resume with: "
             f"ft train {loaded.source} --resume auto")
@@ -76,7 +83,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval, extra={"data": prepared.stats})
+                               final_eval=final_eval, extra={"data": prepared.stats, **trainer.ft_stats()})
     report.write_summary(output_dir, summary)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)

@@ -7,12 +7,12 @@ Defaults are TRL's own, read from the generated field table.
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
 
 from .base import Section, resolve_input_path
+from .hooks import check_reference
 from .train_section import method_fields
 
 Number = Union[int, float]
@@ -51,12 +51,7 @@ class RewardSpec(Section):
     weight: Number = Field(1.0, description="Weight of this reward in the sum.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the reward.")
 
-    @field_validator("fn")
-    @classmethod
-    def module_function(cls, value):
-        if value is not None and not re.fullmatch(r"[\w.]+:\w+", value):
-            raise ValueError("must look like `module:function` (e.g. my_rewards:brevity)")
-        return value
+    checked_fn = field_validator("fn")(check_reference)
 
     @model_validator(mode="after")
     def one_source(self):

@@ -261,6 +261,34 @@ def length_sampling_without_packing(recipe) -> list[Problem]:
 
 
 @rule
+def custom_loss_is_sft_only(recipe) -> list[Problem]:
+    """compute_loss_func replaces the language-modelling loss; preference and RL methods define their own."""
+    if recipe.loss and recipe.method != "sft":
+        return error("loss", f"a custom loss is for method `sft`; `{recipe.method}` computes its own objective.")
+    return []
+
+
+@rule
+def early_stopping_needs_a_metric(recipe) -> list[Problem]:
+    """EarlyStoppingCallback "requires metric_for_best_model to be defined" and an eval strategy; it compares
+    that metric between evaluations (and loads the best model only with load_best_model_at_end)."""
+    for i, callback in enumerate(recipe.callbacks):
+        if callback.name == "early_stopping":
+            if not recipe.train_args.get("metric_for_best_model") or not evaluates(recipe):
+                return error(f"callbacks.{i}", "early_stopping compares `train.metric_for_best_model` (e.g. "
+                             "eval_loss) between evaluations: set it and `train.eval_strategy` (with `data.eval`).")
+    return []
+
+
+@rule
+def metrics_need_eval_data(recipe) -> list[Problem]:
+    """Metrics are computed on the evaluation set."""
+    if recipe.metrics and not recipe.data.has_eval:
+        return error("metrics", "metrics are computed on evaluation data; add `data.eval`.")
+    return []
+
+
+@rule
 def method_sections_match_method(recipe) -> list[Problem]:
     """A ``dpo:`` section in an SFT recipe is a leftover or a mistake: nothing would read it."""
     return [Problem(name, f"is only read by `method: {name}`, and this recipe is `{recipe.method}`; "

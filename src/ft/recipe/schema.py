@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import ConfigDict, Field, PositiveInt, StrictBool, StrictStr, create_model, field_validator
 
 from .base import Section, resolve_input_path
+from .hooks import HooksMixin
 from .methods import METHOD_SECTIONS, DpoSection, GrpoSection, KtoSection, OrpoSection, moved_to_method_section
 from .optimizers import optimizer_names, scheduler_names
 from .train_section import train_section_model
@@ -140,7 +141,7 @@ class SchedulerSection(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
 
 
-class RecipeBase(Section):
+class RecipeBase(HooksMixin):
     method: Literal[METHODS] = Field("sft", description="Training method: " + ", ".join(METHODS) + ".")
     model: ModelSection
     adapter: AdapterSection | None = None

@@ -35,15 +35,3 @@ def method_section_args(recipe: Recipe) -> dict:
     """The method section (``dpo:``, ``grpo:``, …) mapped onto its TRL config fields."""
     section = recipe.method_section
     return section.config_args() if section is not None else {}
-
-
-def sft_data_args(recipe: Recipe) -> dict:
-    """ft hands SFTTrainer tokenized rows (input_ids, labels with the loss mask, length): TRL skips its own
-    preparation, except packing, and the length column survives for the length-aware samplers."""
-    data = recipe.data
-    return {
-        "max_length": data.max_length,
-        "packing": data.packing,
-        "dataset_kwargs": {"skip_prepare_dataset": not data.packing},
-        "remove_unused_columns": False,
-    }

@@ -1,48 +1,88 @@
-"""Registry: method name → how to build its trainer. Adding a method is one entry here."""
+"""Registry: method name → ft's trainer subclass, its TRL config and what else its constructor needs.
+
+Entries name their classes and functions as ``"module:attribute"`` strings, imported only when that
+method trains (TRL's trainers are heavy imports). Adding a method is one entry here plus its module.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
+from ..models import lora_config
 from ..recipe import Recipe
-from .config import method_section_args, optimizer_args, scheduler_args, sft_data_args
+from .callbacks import build_callbacks
+from .config import method_section_args, optimizer_args, scheduler_args
+
+
+def load(reference: str):
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a method's constructor-kwargs function may use besides the recipe."""
+
+    recipe: Recipe
+    model: object
+    tokenizer: object
+    base_dir: Path
 
 
 @dataclass(frozen=True)
 class TrainerSpec:
-    config: str  # "module:Class" of the TRL config
-    trainer: str  # "module:Class" of the trainer
-    data_args: Callable[[Recipe], dict] = field(default=lambda recipe: {})
-
-    def load(self, ref: str):
-        module, _, name = ref.partition(":")
-        return getattr(importlib.import_module(module), name)
+    config: str  # the TRL config class
+    trainer: str  # ft's subclass of the TRL trainer
+    data_args: str  # (recipe) -> config kwargs for the data settings
+    trainer_kwargs: str  # (BuildContext) -> extra constructor kwargs (reference model, rewards, loss, metrics)
 
 
 TRAINERS: dict[str, TrainerSpec] = {
-    "sft": TrainerSpec("trl:SFTConfig", "trl:SFTTrainer", sft_data_args),
+    "sft": TrainerSpec("trl:SFTConfig", "ft.trainers.sft:FtSFTTrainer", "ft.trainers.sft:data_args",
+                       "ft.trainers.sft:trainer_kwargs"),
+    "dpo": TrainerSpec("trl:DPOConfig", "ft.trainers.preference:FtDPOTrainer",
+                       "ft.trainers.preference:data_args", "ft.trainers.preference:dpo_kwargs"),
+    "kto": TrainerSpec("trl:KTOConfig", "ft.trainers.preference:FtKTOTrainer",
+                       "ft.trainers.preference:data_args", "ft.trainers.preference:kto_kwargs"),
+    "orpo": TrainerSpec("trl.experimental.orpo:ORPOConfig", "ft.trainers.preference:FtORPOTrainer",
+                        "ft.trainers.preference:data_args", "ft.trainers.preference:orpo_kwargs"),
+    "grpo": TrainerSpec("trl:GRPOConfig", "ft.trainers.grpo:FtGRPOTrainer", "ft.trainers.grpo:data_args",
+                        "ft.trainers.grpo:trainer_kwargs"),
 }
 
 
-def build_trainer(recipe: Recipe, *, model, tokenizer, train_dataset, eval_dataset, defaults: dict,
-                  callbacks=()):
-    """The method's trainer with its config built from the recipe; ``defaults`` fill unset keys only."""
-    from ..models import lora_config
+def check_plugins(recipe: Recipe, base_dir: Path) -> None:
+    """Import and check all user code the recipe names (loss, callbacks, rewards) before any model loads.
 
-    spec = TRAINERS.get(recipe.method)
-    if spec is None:
-        raise NotImplementedError(f"method `{recipe.method}` has no trainer yet; available: {', '.join(TRAINERS)}")
-    kwargs = {**defaults, **optimizer_args(recipe), **scheduler_args(recipe), **spec.data_args(recipe),
+    Raises ``ft.plugins.PluginError``.
+    """
+    build_callbacks(recipe, base_dir)
+    if recipe.loss:
+        load("ft.trainers.sft:resolve_loss")(recipe, base_dir)
+    if recipe.method == "grpo":
+        load("ft.rewards:reward_functions")(recipe, base_dir)
+
+
+def build_trainer(recipe: Recipe, *, model, tokenizer, train_dataset, eval_dataset, defaults: dict,
+                  base_dir: Path = Path("."), callbacks=()):
+    """The method's trainer with its config built from the recipe; ``defaults`` fill unset keys only.
+
+    Raises ``ft.plugins.PluginError`` (a recipe problem) when user code named in the recipe is unusable.
+    """
+    spec = TRAINERS[recipe.method]
+    kwargs = {**defaults, **optimizer_args(recipe), **scheduler_args(recipe), **load(spec.data_args)(recipe),
               **method_section_args(recipe), **recipe.train_args}
-    config = spec.load(spec.config)(**kwargs)
-    return spec.load(spec.trainer)(
+    config = load(spec.config)(**kwargs)
+    extra = load(spec.trainer_kwargs)(BuildContext(recipe, model, tokenizer, base_dir))
+    return load(spec.trainer)(
         model=model,
         args=config,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=lora_config(recipe.adapter),
-        callbacks=list(callbacks),
+        callbacks=[*build_callbacks(recipe, base_dir), *callbacks],
+        **extra,
     )

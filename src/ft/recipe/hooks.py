@@ -1,0 +1,49 @@
+"""Recipe keys that plug code into the trainer: ``loss``, ``callbacks``, ``metrics``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Optional, Union
+
+from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
+
+from .base import Section
+
+METRICS = ("token_accuracy", "perplexity")
+_REFERENCE = re.compile(r"[\w.]+:\w+")
+
+
+def check_reference(value: Optional[str]) -> Optional[str]:
+    if value is not None and not _REFERENCE.fullmatch(value):
+        raise ValueError("must look like `module:name` (e.g. my_losses:weighted_ce)")
+    return value
+
+
+class CallbackSpec(Section):
+    """A built-in callback by ``name`` or a ``transformers.TrainerCallback`` subclass by ``cls: module:Class``."""
+
+    name: Optional[Literal["early_stopping"]] = Field(None, description="Built-in callback.")
+    cls: Optional[StrictStr] = Field(None, description="`module:Class` of a TrainerCallback subclass.")
+    patience: PositiveInt = Field(3, description="early_stopping: evaluations without improvement before stopping.")
+    threshold: Union[int, float] = Field(0.0, ge=0, description="early_stopping: least improvement that counts.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for `cls`.")
+
+    checked_cls = field_validator("cls")(check_reference)
+
+    @model_validator(mode="after")
+    def one_source(self):
+        if (self.name is None) == (self.cls is None):
+            raise ValueError("give exactly one of `name` (a built-in callback) or `cls` (module:Class)")
+        return self
+
+
+class HooksMixin(Section):
+    """Fields shared by every recipe (mixed into the recipe model)."""
+
+    loss: Optional[StrictStr] = Field(
+        None, description="SFT: `module:function` used as compute_loss_func(outputs, labels, num_items_in_batch).")
+    callbacks: list[CallbackSpec] = Field(default_factory=list, description="Trainer callbacks.")
+    metrics: list[Literal[METRICS]] = Field(
+        default_factory=list, description="Evaluation metrics computed batch by batch: token_accuracy, perplexity.")
+
+    checked_loss = field_validator("loss")(check_reference)
