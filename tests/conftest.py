@@ -48,3 +48,15 @@ def tiny_sft(output_dir: Path, **train) -> dict:
         "train": {"output_dir": str(output_dir), "max_steps": 4, "per_device_train_batch_size": 8,
                   "save_strategy": "no", "report_to": "none", **train},
     }
+
+
+@pytest.fixture(scope="session")
+def sft_model(tmp_path_factory) -> Path:
+    """A tiny model that has learned the arithmetic chats a little (the quickstart, shortened): the natural
+    starting point for DPO and GRPO tests. Trained once per test session through the real CLI."""
+    out = tmp_path_factory.mktemp("sft-start") / "run"
+    result = run_ft("train", "recipes/quickstart.yaml", "--set", f"train.output_dir={out}",
+                    "--set", "train.max_steps=150", "--set", "train.eval_on_start=false",
+                    "--set", "train.eval_strategy=no", "--set", "train.save_strategy=no")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / "final"

@@ -19,6 +19,9 @@ def summarize(status: str, log_history: list[dict], *, steps: int, train_seconds
         "eval_loss": (final_eval or {}).get("eval_loss", eval_losses[-1] if eval_losses else None),
         "train_seconds": round(train_seconds, 3),
     }
+    first_eval = next((entry for entry in log_history if "eval_loss" in entry), None)
+    if first_eval:
+        summary["first_eval"] = first_eval
     if final_eval:
         summary["final_eval"] = final_eval
     summary.update(extra or {})

@@ -11,7 +11,31 @@ from .mixin import FtTrainerMixin
 
 
 class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
-    """SFTTrainer with ft's token accounting (see FtTrainerMixin)."""
+    """SFTTrainer with ft's token accounting (see FtTrainerMixin) and a one-pass custom loss.
+
+    A recipe's ``loss:`` is Trainer's ``compute_loss_func(outputs, labels, num_items_in_batch)``. It is called
+    here after a single forward pass: TRL 1.16's own path for it runs a second, no-grad forward for its metrics
+    (and is deprecated). Setting ``self.compute_loss_func`` keeps Trainer's documented behaviour: it counts
+    ``num_items_in_batch`` over the whole accumulated batch and does not rescale the loss for gradient
+    accumulation, because the function normalises by that count itself. At evaluation Trainer passes
+    ``num_items_in_batch=None``; ft passes the batch's own count of prediction targets instead, so the same
+    normalisation rule holds there.
+    """
+
+    def __init__(self, *args, compute_loss_func=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compute_loss_func = compute_loss_func
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.compute_loss_func is None:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        labels = inputs["labels"]
+        outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False)
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels[..., 1:] != -100).sum()  # targets after the causal shift
+        loss = self.compute_loss_func(outputs, labels, num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
 
 
 def data_args(recipe: Recipe) -> dict:
