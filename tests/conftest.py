@@ -57,6 +57,6 @@ def sft_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sft-start") / "run"
     result = run_ft("train", "recipes/quickstart.yaml", "--set", f"train.output_dir={out}",
                     "--set", "train.max_steps=150", "--set", "train.eval_on_start=false",
-                    "--set", "train.eval_strategy=no", "--set", "train.save_strategy=no")
+                    "--set", "train.eval_strategy='no'", "--set", "train.save_strategy='no'")
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "final"

@@ -53,6 +53,27 @@ def load_model(recipe: Recipe, seed: int):
         raise ModelLoadError(_explain(section, "model", exc)) from None
 
 
+def load_reference_model(name: str, section: ModelSection):
+    """The frozen reference model of a preference method (``dpo.ref_model``): pretrained weights from ``name``
+    (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization settings."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = "auto" if section.dtype == "auto" else getattr(torch, section.dtype)
+    extra = {"attn_implementation": section.attn_implementation} if section.attn_implementation else {}
+    if section.quantization is not None:
+        extra["quantization_config"] = bnb_config(section.quantization)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=section.trust_remote_code,
+                                                     **extra)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first}. Use a "
+                             "directory that holds config.json and weights, or a hub id reachable from this "
+                             "machine; unset it to use a frozen copy of the starting model.") from None
+    return model.requires_grad_(False).eval()
+
+
 def bnb_config(section: QuantizationSection):
     import torch
     from transformers import BitsAndBytesConfig

@@ -282,10 +282,28 @@ def early_stopping_needs_a_metric(recipe) -> list[Problem]:
 
 @rule
 def metrics_need_eval_data(recipe) -> list[Problem]:
-    """Metrics are computed on the evaluation set."""
+    """Metrics are computed on the evaluation set, from language-model logits and labels (SFT)."""
+    if recipe.metrics and recipe.method != "sft":
+        return error("metrics", f"token metrics are for method `sft`; `{recipe.method}` logs its own (rewards, "
+                     "margins, accuracies).")
     if recipe.metrics and not recipe.data.has_eval:
         return error("metrics", "metrics are computed on evaluation data; add `data.eval`.")
     return []
+
+
+@rule
+def sft_only_data_settings(recipe) -> list[Problem]:
+    """Preference and prompt data are tokenized by TRL's trainers, which truncate their own way and put the
+    loss on completions only: these SFT data settings would be silently ignored."""
+    if recipe.method == "sft":
+        return []
+    data, ignored = recipe.data, []
+    if data.truncation != "truncate":
+        ignored.append("data.truncation")
+    if data.train_on != "assistant":
+        ignored.append("data.train_on")
+    return [Problem(key, f"has no effect for method `{recipe.method}` (TRL tokenizes its data); remove it.",
+                    level="warning") for key in ignored]
 
 
 @rule
