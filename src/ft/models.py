@@ -31,24 +31,33 @@ def load_tokenizer(section: ModelSection):
     return tokenizer
 
 
+def _weights_kwargs(section: ModelSection) -> dict:
+    """dtype, attention kernel and quantization for ``from_pretrained`` (shared by policy and reference)."""
+    import torch
+
+    kwargs = {"dtype": "auto" if section.dtype == "auto" else getattr(torch, section.dtype)}
+    if section.attn_implementation:
+        kwargs["attn_implementation"] = section.attn_implementation
+    if section.quantization is not None:
+        kwargs["quantization_config"] = bnb_config(section.quantization)
+    return kwargs
+
+
 def load_model(recipe: Recipe, seed: int):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
     section = recipe.model
-    dtype = "auto" if section.dtype == "auto" else getattr(torch, section.dtype)
-    extra = {"attn_implementation": section.attn_implementation} if section.attn_implementation else {}
+    kwargs = _weights_kwargs(section)
     try:
         if section.init == "random":
             config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
             set_seed(seed)
-            return AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32 if dtype == "auto" else dtype,
-                trust_remote_code=section.trust_remote_code, **extra,
-            )
-        if section.quantization is not None:
-            extra["quantization_config"] = bnb_config(section.quantization)
-        return AutoModelForCausalLM.from_pretrained(section.name, dtype=dtype, **_common_kwargs(section), **extra)
+            kwargs.pop("quantization_config", None)  # nothing to quantize: there are no weights yet
+            if kwargs["dtype"] == "auto":
+                kwargs["dtype"] = torch.float32
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=section.trust_remote_code, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "model", exc)) from None
 
@@ -56,16 +65,11 @@ def load_model(recipe: Recipe, seed: int):
 def load_reference_model(name: str, section: ModelSection):
     """The frozen reference model of a preference method (``dpo.ref_model``): pretrained weights from ``name``
     (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization settings."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = "auto" if section.dtype == "auto" else getattr(torch, section.dtype)
-    extra = {"attn_implementation": section.attn_implementation} if section.attn_implementation else {}
-    if section.quantization is not None:
-        extra["quantization_config"] = bnb_config(section.quantization)
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=section.trust_remote_code,
-                                                     **extra)
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=section.trust_remote_code,
+                                                     **_weights_kwargs(section))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first}. Use a "
