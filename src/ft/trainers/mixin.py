@@ -10,6 +10,7 @@ It overrides only documented extension points of ``transformers.Trainer`` (``tra
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 
 class FtTrainerMixin:
@@ -18,13 +19,17 @@ class FtTrainerMixin:
     _ft_started: float | None = None
 
     def training_step(self, model, inputs, *args, **kwargs):
-        ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None  # GRPO passes raw rows
         if ids is not None:
-            self._ft_started = self._ft_started or time.perf_counter()
-            self._ft_padded += ids.numel()
-            real = mask.sum() if mask is not None else ids.numel()
-            self._ft_real = real if self._ft_real is None else self._ft_real + real
+            mask = inputs.get("attention_mask")
+            self._ft_count(ids.numel(), mask.sum() if mask is not None else ids.numel())
         return super().training_step(model, inputs, *args, **kwargs)
+
+    def _ft_count(self, padded: int, real) -> None:
+        """Add one training micro-batch: ``padded`` positions, ``real`` of them tokens (a device tensor is fine)."""
+        self._ft_started = self._ft_started or time.perf_counter()
+        self._ft_padded += padded
+        self._ft_real = real if self._ft_real is None else self._ft_real + real
 
     def ft_stats(self) -> dict:
         """Tokens, tokens/s, padding efficiency and peak memory so far (train steps only)."""
