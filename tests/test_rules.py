@@ -168,7 +168,7 @@ def test_reward_spec_needs_exactly_one_source(write_recipe, tmp_path):
     errors = _errors(write_recipe, tmp_path, {"grpo.rewards": [{"weight": 2.0}]}, base=grpo_recipe(tmp_path))
     assert "exactly one" in errors["grpo.rewards.0"]
     errors = _errors(write_recipe, tmp_path, {"grpo.rewards": [{"fn": "not a function"}]}, base=grpo_recipe(tmp_path))
-    assert "module:function" in errors["grpo.rewards.0.fn"]
+    assert "module:name" in errors["grpo.rewards.0.fn"]
 
 
 # --- rules that depend on the machine (run at the start of `ft train`) ---------------------------
