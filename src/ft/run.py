@@ -37,7 +37,9 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     return data.prepare_data(recipe, tokenizer, say)
 
 
-def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print) -> RunResult:
+def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print,
+          callbacks=()) -> RunResult:
+    """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks)."""
     recipe = loaded.recipe
     hw = hardware.probe()
     problems = hardware.check_hardware(recipe, hw)
@@ -63,7 +65,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     model = models.load_model(recipe, seed=args.get("seed", 42))
     trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
                             eval_dataset=prepared.eval, defaults=hardware.device_defaults(recipe, hw),
-                            base_dir=base_dir)
+                            base_dir=base_dir, callbacks=callbacks)
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
