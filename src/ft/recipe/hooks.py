@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
 
@@ -19,7 +19,21 @@ def check_reference(value: Optional[str]) -> Optional[str]:
     return value
 
 
-class CallbackSpec(Section):
+class BuiltinOrUser(Section):
+    """A spec naming either a built-in (``name``) or user code (the field in ``USER_FIELD``), never both."""
+
+    USER_FIELD: ClassVar[str] = ""
+    KIND: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def one_source(self):
+        if (self.name is None) == (getattr(self, self.USER_FIELD) is None):
+            raise ValueError(f"give exactly one of `name` (a built-in {self.KIND}) or `{self.USER_FIELD}` "
+                             "(module:name)")
+        return self
+
+
+class CallbackSpec(BuiltinOrUser):
     """A built-in callback by ``name`` or a ``transformers.TrainerCallback`` subclass by ``cls: module:Class``."""
 
     name: Optional[Literal["early_stopping"]] = Field(None, description="Built-in callback.")
@@ -28,13 +42,10 @@ class CallbackSpec(Section):
     threshold: Union[int, float] = Field(0.0, ge=0, description="early_stopping: least improvement that counts.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for `cls`.")
 
-    checked_cls = field_validator("cls")(check_reference)
+    USER_FIELD: ClassVar[str] = "cls"
+    KIND: ClassVar[str] = "callback"
 
-    @model_validator(mode="after")
-    def one_source(self):
-        if (self.name is None) == (self.cls is None):
-            raise ValueError("give exactly one of `name` (a built-in callback) or `cls` (module:Class)")
-        return self
+    checked_cls = field_validator("cls")(check_reference)
 
 
 class HooksMixin(Section):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
+from pydantic import Field, PositiveInt, StrictStr, field_validator
 
 from .base import Section, resolve_input_path
-from .hooks import check_reference
+from .hooks import BuiltinOrUser, check_reference
 from .train_section import method_fields
 
 Number = Union[int, float]
@@ -42,7 +42,7 @@ class DpoSection(MethodSection):
     resolve_ref = field_validator("ref_model")(resolve_input_path)
 
 
-class RewardSpec(Section):
+class RewardSpec(BuiltinOrUser):
     """A GRPO reward: a built-in by ``name`` or a user function by ``fn: module:function``."""
 
     name: Optional[Literal[BUILTIN_REWARDS]] = Field(None, description="Built-in reward.")
@@ -51,13 +51,10 @@ class RewardSpec(Section):
     weight: Number = Field(1.0, description="Weight of this reward in the sum.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the reward.")
 
-    checked_fn = field_validator("fn")(check_reference)
+    USER_FIELD: ClassVar[str] = "fn"
+    KIND: ClassVar[str] = "reward"
 
-    @model_validator(mode="after")
-    def one_source(self):
-        if (self.name is None) == (self.fn is None):
-            raise ValueError("give exactly one of `name` (a built-in reward) or `fn` (module:function)")
-        return self
+    checked_fn = field_validator("fn")(check_reference)
 
 
 class GrpoSection(MethodSection):
