@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+from transformers import Trainer
 from trl import SFTTrainer
 
 from ..plugins import check_signature, resolve
@@ -27,15 +29,66 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         self.compute_loss_func = compute_loss_func
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.compute_loss_func is None:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+        if self.compute_loss_func is not None:
+            return self._custom_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._wants_full_logits(return_outputs):
+            return self._model_loss(model, inputs, return_outputs, num_items_in_batch)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
+    def _custom_loss(self, model, inputs, return_outputs, num_items_in_batch):
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False)
         if num_items_in_batch is None:
             num_items_in_batch = (labels[..., 1:] != -100).sum()  # targets after the causal shift
         loss = self.compute_loss_func(outputs, labels, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
+
+    def _wants_full_logits(self, return_outputs: bool) -> bool:
+        """Whether the loss should come from the model's own forward (full logits) instead of TRL's fused LM head.
+
+        TRL 1.16 scores every position through a chunked LM head that also returns log-probs, entropy and top-1,
+        so it never materialises the logits: the right trade on a GPU with a large vocabulary. It is the wrong one
+        (a) when the caller wants the logits anyway (evaluation with metrics: TRL then runs a second forward) and
+        (b) on a CPU, where memory is plentiful and the chunking costs ~8% of a step. Loss variants TRL computes
+        itself (label smoothing, ``loss_type: dft``, MoE auxiliary loss, sequence parallelism) stay with TRL.
+        """
+        if self.label_smoother is not None or self.args.loss_type != "nll" or self.aux_loss_enabled:
+            return False
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        if parallelism is not None and parallelism.sp_enabled:
+            return False
+        return return_outputs or self.args.device.type == "cpu"
+
+    def _model_loss(self, model, inputs, return_outputs, num_items_in_batch):
+        """``transformers.Trainer.compute_loss`` (the model's own loss, normalised by ``num_items_in_batch``),
+        plus the metrics TRL logs for SFT, measured on the same logits: entropy, mean_token_accuracy,
+        num_tokens."""
+        loss, outputs = Trainer.compute_loss(self, model, {**inputs, "use_cache": False}, return_outputs=True,
+                                             num_items_in_batch=num_items_in_batch)
+        self._record_token_metrics(outputs.logits, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    @torch.no_grad()
+    def _record_token_metrics(self, logits, inputs) -> None:
+        mode = "train" if self.model.training else "eval"
+        logits, targets = logits[:, :-1], inputs["labels"][:, 1:]
+        mask = targets != -100
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        gather = self.accelerator.gather_for_metrics
+        num_valid = gather(mask.sum()).sum()
+        entropy_sum = gather((entropy * mask).sum()).sum()
+        num_correct = gather(((logits.argmax(-1) == targets) & mask).sum()).sum()
+        valid = num_valid.item()
+        self._metrics[mode]["entropy"].append(entropy_sum.item() / valid if valid else 0.0)
+        self._metrics[mode]["mean_token_accuracy"].append(num_correct.item() / valid if valid else 0.0)
+        if mode == "train":  # padding-free (packed) batches carry position_ids instead of an attention mask
+            attention = inputs.get("attention_mask")
+            positions = inputs.get("position_ids")
+            fed = attention.sum() if attention is not None else torch.tensor(positions.size(1), device=positions.device)
+            self._total_train_tokens += int(gather(fed).sum()) // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
 
 
 def data_args(recipe: Recipe) -> dict:

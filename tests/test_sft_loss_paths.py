@@ -1,0 +1,78 @@
+"""FtSFTTrainer's two loss paths agree: on a CPU (and whenever the logits are wanted) ft takes the model's own
+loss over full logits; elsewhere TRL's fused LM head. Same loss, same gradients, same logged metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_sft
+from trl import SFTTrainer
+
+from ft import data, hardware, models
+from ft.hardware import Hardware
+from ft.recipe import load_recipe
+from ft.trainers import build_trainer
+
+CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loss-paths")
+    path = tmp / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tiny_sft(tmp / "out", gradient_accumulation_steps=2)))
+    recipe = load_recipe(path).recipe
+    tokenizer = models.load_tokenizer(recipe.model)
+    prepared = data.prepare_data(recipe, tokenizer, lambda _: None)
+    return build_trainer(recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
+                         train_dataset=prepared.train, eval_dataset=prepared.eval,
+                         defaults=hardware.device_defaults(recipe, CPU))
+
+
+def _batch(trainer):
+    return trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+
+
+def _loss_and_grads(compute, trainer, batch, num_items):
+    trainer.model.zero_grad()
+    trainer._metrics["train"].clear()
+    loss = compute(trainer, trainer.model, dict(batch), num_items_in_batch=num_items)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in trainer.model.parameters() if p.grad is not None]
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if k != "num_tokens"}
+    return loss.detach(), grads, metrics
+
+
+def test_cpu_training_takes_the_model_loss_path(trainer):
+    assert trainer._wants_full_logits(return_outputs=False)
+
+
+def test_model_loss_matches_trls_fused_loss(trainer):
+    trainer.model.train()
+    batch = _batch(trainer)
+    # as under gradient accumulation: the count covers more targets than this micro-batch holds
+    num_items = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()) * 2)
+    ours = _loss_and_grads(type(trainer).compute_loss, trainer, batch, num_items)
+    trls = _loss_and_grads(SFTTrainer.compute_loss, trainer, batch, num_items)
+    assert ours[0] == pytest.approx(float(trls[0]), rel=1e-5)
+    assert len(ours[1]) == len(trls[1]) > 0
+    for mine, theirs in zip(ours[1], trls[1], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+    assert set(ours[2]) == {"entropy", "mean_token_accuracy"} == set(trls[2])
+    for key in ours[2]:
+        assert ours[2][key] == pytest.approx(trls[2][key], rel=1e-4, abs=1e-6)
+
+
+def test_evaluation_with_logits_takes_one_forward(trainer):
+    trainer.model.eval()
+    batch = _batch(trainer)
+    calls = []
+    hook = trainer.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        loss, logits, labels = trainer.prediction_step(trainer.model, batch, prediction_loss_only=False)
+    finally:
+        hook.remove()
+        trainer.model.train()
+    assert len(calls) == 1  # TRL's path runs the fused forward, then a second one for the logits
+    assert logits.shape[:2] == labels.shape and torch.isfinite(loss)
