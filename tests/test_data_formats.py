@@ -58,6 +58,25 @@ def test_text_rows_are_all_completion_and_prompt_completion_rows_are_kept():
     assert kept == {"prompt": "2 + 2 =", "completion": " 4"}
 
 
+def test_plain_text_columnar_path_gives_what_the_row_converter_gives(tmp_path):
+    texts = ["one", "  two  ", "three\nlines", "ünïcode"]
+    rows = _rows(_jsonl(tmp_path / "t.jsonl", [{"text": t, "id": i} for i, t in enumerate(texts)]), "text")
+    assert FORMATS["text"].columnar is not None
+    assert rows.column_names == ["prompt", "completion", "__ft_row"]
+    assert rows.to_list() == [{**FORMATS["text"].convert({"text": t}, PLAIN), "__ft_row": i}
+                              for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("bad", [" \t", None])
+def test_plain_text_with_a_bad_row_still_names_it(tmp_path, bad):
+    path = _jsonl(tmp_path / "t.jsonl", [{"text": "fine"}, {"text": bad}, {"text": "also fine"}])
+    with pytest.raises(DataError, match=r"t\.jsonl:2: text: "):
+        _rows(path, "text")
+    report = BadRows()
+    assert _rows(path, "text", on_bad_row="skip", report=report)["completion"] == ["fine", "also fine"]
+    assert report.total == 1
+
+
 def test_preference_rows_of_text():
     rows = _rows(DATA / "preference.jsonl", "preference")
     assert rows.column_names == ["prompt", "chosen", "rejected", "__ft_row"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..recipe import Recipe
@@ -125,7 +126,7 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
 
 
 def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str):
-    tokenized = dataset.map(tokenize_batch, batched=True, fn_kwargs={"tokenizer": tokenizer, "settings": settings},
+    tokenized = dataset.map(_tokenize_to_arrow, batched=True, fn_kwargs={"tokenizer": tokenizer, "settings": settings},
                             num_proc=num_proc, remove_columns=dataset.column_names, features=_features(),
                             desc=f"tokenizing {name}")
     # counted in Arrow: iterating a column row by row costs more than the tokenization itself
@@ -141,6 +142,17 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     if length_column != "length":
         tokenized = tokenized.rename_column("length", length_column)
     return tokenized, counts
+
+
+def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings) -> pa.Table:
+    """``tokenize_batch`` as an Arrow table: a row's labels that are its input_ids (every token trained on) are
+    converted from Python once, for both columns."""
+    out = tokenize_batch(batch, tokenizer, settings)
+    ids = pa.array(out["input_ids"], pa.list_(pa.int32()))
+    shared = all(labels is row for labels, row in zip(out["labels"], out["input_ids"], strict=True))
+    out["labels"] = ids if shared else pa.array(out["labels"], pa.list_(pa.int32()))
+    out["input_ids"] = ids
+    return pa.table(out, schema=_features().arrow_schema)
 
 
 def _features():

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 
 from ..recipe.schema import DataSource
@@ -45,6 +47,9 @@ class Format:
     convert: Callable[[Row, Names], Row]
     columns: tuple[str, ...]  # the canonical columns it writes
     keeps_extra: bool = False  # every other column of the source passes through (``prompt``)
+    # optional whole-column conversion: the canonical dataset when Arrow alone can tell every row is good,
+    # else None (the row-by-row ``convert`` then runs, and names the bad rows)
+    columnar: Callable[[datasets.Dataset, Names], datasets.Dataset | None] | None = None
 
     def output_columns(self, source_columns: list[str], names: Names) -> list[str]:
         if not self.keeps_extra:
@@ -56,9 +61,9 @@ class Format:
 FORMATS: dict[str, Format] = {}
 
 
-def register(name: str, *columns: str, keeps_extra: bool = False):
+def register(name: str, *columns: str, keeps_extra: bool = False, columnar=None):
     def add(convert: Callable[[Row, Names], Row]):
-        FORMATS[name] = Format(convert, columns, keeps_extra)
+        FORMATS[name] = Format(convert, columns, keeps_extra, columnar)
         return convert
 
     return add
@@ -82,7 +87,26 @@ def instruction(row: Row, names: Names) -> Row:
                          {"role": "assistant", "content": text_of(row, names("output"))}]}
 
 
-@register("text", "prompt", "completion")
+def _text_columns(dataset: datasets.Dataset, names: Names) -> datasets.Dataset | None:
+    """``text`` rows straight from Arrow when the ``text`` column is all non-blank strings (the common case
+    of a plain-text corpus): what ``text()`` would return for every row, without a Python call per row."""
+    field = names("text")
+    if field not in dataset.column_names or not _is_text(dataset.features[field]):
+        return None
+    column = dataset.with_format("arrow")[field]
+    if column.null_count or pc.any(pc.equal(pc.utf8_trim_whitespace(column), "")).as_py():
+        return None
+    canonical = dataset.select_columns([field, ROW]).rename_column(field, "completion")
+    canonical = canonical.add_column("prompt", pa.array([""] * len(canonical), pa.string()))
+    return canonical.select_columns(["prompt", "completion", ROW])
+
+
+def _is_text(feature) -> bool:
+    kind = getattr(feature, "pa_type", None)
+    return kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+@register("text", "prompt", "completion", columnar=_text_columns)
 def text(row: Row, names: Names) -> Row:
     """A ``text`` field is all completion (the whole text is learned); else ``prompt`` + ``completion``."""
     if row.get(names("text")) is None and row.get(names("completion")) is None:
@@ -126,6 +150,9 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     fmt, names = FORMATS[source.format], Names(source.fields, source.roles)
     if ROW not in dataset.column_names:
         dataset = dataset.add_column(ROW, list(range(len(dataset))))
+    fast = fmt.columnar(dataset, names) if fmt.columnar else None
+    if fast is not None:
+        return fast
     columns = fmt.output_columns(dataset.column_names, names)
     kinds, features = _layout(dataset, fmt, names, columns)
     counts: Counter = Counter()

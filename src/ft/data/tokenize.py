@@ -33,7 +33,8 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     """For ``datasets.Dataset.map(batched=True)``: returns input_ids, labels (-100 = no loss),
     length (= len(input_ids)), and the flags ft_truncated (cut to max_length), ft_too_long (longer than
     max_length and truncation == 'drop': the caller filters these rows out and counts them; their tokens are
-    returned uncut) and ft_no_loss (no label != -100 left). Everything is plain Python lists.
+    returned uncut) and ft_no_loss (no label != -100 left). Everything is plain Python lists; where every token
+    of a row is trained on, its labels list IS its input_ids list (one object: callers may convert it once).
 
     Chat rows are rendered by ``settings.template`` (which writes its own BOS, if any); text rows are tokenized
     with the tokenizer's special tokens (e.g. its BOS) and end with ``eos_token_id`` (trained on).
@@ -56,7 +57,7 @@ def _chat_rows(conversations: list, tokenizer, settings: TokenizeSettings) -> tu
     texts = [render(messages, tokenize=False, chat_template=settings.template) for messages in conversations]
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
     if settings.train_on == "all":
-        return enc["input_ids"], [list(ids) for ids in enc["input_ids"]]
+        return enc["input_ids"], enc["input_ids"]
     eot = end_of_turn(settings.template, tokenizer).strip()
     labels = []
     rows = zip(conversations, texts, enc["input_ids"], enc["offset_mapping"], strict=True)
@@ -155,21 +156,23 @@ def _mask(ids: list[int], offsets: list[Span], spans: list[Span], text: str) -> 
 
 
 def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: TokenizeSettings):
-    texts = [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
     masked = settings.train_on == "assistant" and any(prompts)  # plain text trains on every token
+    texts = completions
+    if any(prompts):
+        texts = [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
     enc = tokenizer(texts, return_offsets_mapping=masked)
     offsets = enc["offset_mapping"] if masked else [None] * len(texts)
     eos = tokenizer.eos_token_id
     all_ids, all_labels = [], []
     for prompt, text, ids, spans in zip(prompts, texts, enc["input_ids"], offsets, strict=True):
-        ids = list(ids)
-        labels = _mask(ids, spans, [(len(prompt), len(text))], text) if masked and prompt else list(ids)
+        labels = _mask(ids, spans, [(len(prompt), len(text))], text) if masked and prompt else ids
         if eos is not None:
             if ids and ids[-1] == eos:
                 labels[-1] = eos  # an EOS the tokenizer appended (its offsets are often empty)
             else:
                 ids.append(eos)
-                labels.append(eos)
+                if labels is not ids:
+                    labels.append(eos)
         all_ids.append(ids)
         all_labels.append(labels)
     return all_ids, all_labels
@@ -183,7 +186,9 @@ def _limit(all_ids: list, all_labels: list, settings: TokenizeSettings) -> dict[
         too_long = len(ids) > settings.max_length
         truncated = too_long and settings.truncation == "truncate"
         if truncated:
-            ids, labels = ids[: settings.max_length], labels[: settings.max_length]
+            cut = ids[: settings.max_length]
+            labels = cut if labels is ids else labels[: settings.max_length]
+            ids = cut
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["length"].append(len(ids))
