@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,30 @@ def test_output_dir_defaults_next_to_cwd_by_recipe_name(write_recipe, tmp_path):
     result = run_ft("validate", str(write_recipe(recipe, name="my-run.yaml")))
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["train"]["output_dir"] == str(Path("runs") / "my-run")
+
+
+def test_an_unexpected_failure_is_one_paragraph_with_the_traceback_in_error_log(write_recipe, tmp_path):
+    (tmp_path / "exploding.py").write_text(
+        "from transformers import TrainerCallback\n\n"
+        "class Explode(TrainerCallback):\n"
+        "    def on_step_end(self, args, state, control, **kwargs):\n"
+        "        if state.global_step == 2:\n"
+        "            raise RuntimeError('disk quota exceeded on step 2')\n"
+    )
+    recipe = tiny_sft(tmp_path / "out", max_steps=3)
+    recipe["callbacks"] = [{"cls": "exploding:Explode"}]
+    path = write_recipe(recipe)
+    result = run_ft("train", str(path))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert "training failed with RuntimeError: disk quota exceeded on step 2" in message
+    log = tmp_path / "out" / "error.log"
+    assert str(log) in message and "FT_DEBUG=1" in message
+    assert "Traceback" in log.read_text() and "exploding.py" in log.read_text()
+    assert not (tmp_path / "out" / "final").exists()
+
+    debug = subprocess.run([sys.executable, "-m", "ft", "train", str(path), "--resume", "never"], cwd=ROOT,
+                           env={**os.environ, "FT_DEBUG": "1", "TQDM_DISABLE": "1"},
+                           capture_output=True, text=True, timeout=600)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "disk quota exceeded" in debug.stderr

@@ -64,11 +64,11 @@ def train(
     loaded = _load(recipe, set_)
     from .run import train as run_train
 
-    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err), loaded)
+    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err), loaded, "training")
     raise typer.Exit(result.exit_code)
 
 
-def _guarded(step, loaded):
+def _guarded(step, loaded, doing: str):
     """Run a command's work, turning every failure into one paragraph and an exit code."""
     from .checkpoints import ResumeError
     from .data import DataError
@@ -84,11 +84,11 @@ def _guarded(step, loaded):
         _err(f"ft: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file
-        _err(_unexpected_failure(exc, loaded.recipe.train_args.get("output_dir", ".")))
+        _err(_unexpected_failure(exc, doing, loaded.recipe.train_args.get("output_dir", ".")))
         raise typer.Exit(1) from None
 
 
-def _unexpected_failure(exc: Exception, output_dir: str) -> str:
+def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
     import os
     import traceback
 
@@ -102,7 +102,7 @@ def _unexpected_failure(exc: Exception, output_dir: str) -> str:
     except OSError:
         where = "set FT_DEBUG=1 to see the traceback"
     first = (str(exc).strip().splitlines() or [""])[0]
-    return (f"ft: training failed with {type(exc).__name__}: {first}. This is not a recipe error ft knows how to "
+    return (f"ft: {doing} failed with {type(exc).__name__}: {first}. This is not a recipe error ft knows how to "
             f"explain; {where}. Rerun with FT_DEBUG=1 to raise it, and please report it if it looks like a bug.")
 
 
@@ -112,7 +112,7 @@ def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
     loaded = _load(recipe, set_)
     from .run import preprocess as run_preprocess
 
-    prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded)
+    prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded, "preprocessing")
     print(json.dumps(prepared.stats, indent=1))
 
 
