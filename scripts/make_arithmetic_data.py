@@ -62,8 +62,11 @@ def preference_row(draw, rng):
 
 
 def prompt_row(draw, rng):
+    """A conversational prompt (the SFT chats' system and user turns), so GRPO renders it with the chat
+    template the SFT model learned, and the answer its rewards check."""
     q = draw()
-    return {"prompt": question(q), "answer": answer(q)}
+    return {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(q)}],
+            "answer": answer(q)}
 
 
 def instruction_row(draw, rng):
@@ -87,6 +90,8 @@ def questions_in(row):
     """The questions in a row, normalised to "a op b" (for the disjointness check)."""
     if "messages" in row:
         return {m["content"][8:-1] for m in row["messages"] if m["role"] == "user"}
+    if "prompt" in row and isinstance(row["prompt"], list):
+        return {m["content"][8:-1] for m in row["prompt"] if m["role"] == "user"}
     if "prompt" in row:
         return {row["prompt"][8:-1]}  # strip "What is " and "?"
     if "instruction" in row:

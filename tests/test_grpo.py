@@ -69,6 +69,8 @@ def test_numeric_match():
                    [{"role": "assistant", "content": "It is 19"}]]
     assert _call(fn, completions, answer=["19"] * 8) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert _call(fn, ["-3", "1,024 apples", "x"], answer=["-3", 1024, "no number here"]) == [1.0, 1.0, 0.0]
+    near = BUILTINS["numeric_match"](tolerance=2)
+    assert _call(near, ["17", "21", "16", "22.5", "x"], answer=["19"] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_format():
@@ -113,6 +115,7 @@ def test_reward_functions_in_recipe_order_with_weights_and_names(write_recipe, t
     ({"name": "format", "args": {"pattern": "(unclosed"}}, "grpo.rewards.0.args.pattern", "not a valid regular"),
     ({"name": "exact_match", "args": {"feild": "x"}}, "grpo.rewards.0.args.feild", "Did you mean 'field'"),
     ({"name": "length_penalty", "args": {"target": 0}}, "grpo.rewards.0.args.target", "at least 1"),
+    ({"name": "numeric_match", "args": {"tolerance": -1}}, "grpo.rewards.0.args.tolerance", "at least 0"),
 ])
 def test_builtin_argument_errors_name_the_key(write_recipe, tmp_path, reward, key, words):
     with pytest.raises(PluginError) as info:
@@ -164,8 +167,9 @@ RECORDING_REWARD = """
         with LOG.open("a") as log:
             log.write(json.dumps({"prompts": len(prompts), "completions": len(completions),
                                   "completion_ids": len(completion_ids), "answers": len(answer),
-                                  "distinct_prompts": len(set(prompts)), "step": trainer_state.global_step}) + "\\n")
-        return [float(len(c.strip()) == 2) for c in completions]
+                                  "distinct_prompts": len({json.dumps(p) for p in prompts}),
+                                  "step": trainer_state.global_step}) + "\\n")
+        return [float(len(c[-1]["content"].strip()) == 2) for c in completions]
 """
 
 
@@ -207,7 +211,7 @@ def test_train_dataloader_yields_one_generation_round_and_reference_model(write_
 
     batch = next(iter(trainer.get_train_dataloader()))
     assert isinstance(batch, list) and len(batch) == 32 and {"prompt", "answer"} <= set(batch[0])
-    prompts = [row["prompt"] for row in batch]
+    prompts = [json.dumps(row["prompt"]) for row in batch]
     assert len(set(prompts)) == 4 and all(prompts.count(p) == 8 for p in set(prompts))
     assert trainer.args.generation_batch_size == 32
 
@@ -223,9 +227,9 @@ def test_train_dataloader_yields_one_generation_round_and_reference_model(write_
 
 
 def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_model):
-    """From the SFT model, which answers mostly with one digit, a two-digit answer format (most answers are
-    two-digit numbers) is rewarded: its mean over the last third of the run clearly beats the first third."""
-    recipe = tiny_grpo(tmp_path / "out", [{"name": "format", "args": {"pattern": r"\d\d"}}], model=sft_model,
+    """The SFT model, prompted through its chat template, answers mostly with two-digit numbers (as most answers
+    are); a reward for one-digit answers is rare at first and, after a short run, earned almost always."""
+    recipe = tiny_grpo(tmp_path / "out", [{"name": "format", "args": {"pattern": r"\d"}}], model=sft_model,
                        init="pretrained", grpo={"steps_per_generation": 1, "temperature": 1.0}, max_steps=30,
                        per_device_train_batch_size=32, save_strategy="steps", save_steps=30)
     result = run_ft("train", str(write_recipe(recipe)))
@@ -233,6 +237,5 @@ def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_mod
     state = json.loads((tmp_path / "out" / "checkpoint-30" / "trainer_state.json").read_text())
     rewards = [entry["reward"] for entry in state["log_history"] if "reward" in entry]
     assert len(rewards) == 30
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    assert last > first + 0.15, rewards
+    assert rewards[0] < 0.3 and sum(rewards[-10:]) / 10 > 0.8, rewards
     assert "rewards/format/mean" in state["log_history"][0]  # TRL logs each reward under its name

@@ -86,15 +86,19 @@ def exact_match(field: str = "answer") -> RewardFn:
     return reward
 
 
-def numeric_match(field: str = "answer") -> RewardFn:
-    """1.0 when the first number in the completion equals the number in the row's ``field``, else 0.0."""
+def numeric_match(field: str = "answer", tolerance: float = 0) -> RewardFn:
+    """1.0 when the first number in the completion is within ``tolerance`` of the number in the row's ``field``
+    (equal, by default), else 0.0. A tolerance gives partial progress a signal while exact answers are rare."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
+        raise RewardArgError("tolerance", f"must be a number of at least 0, got {tolerance!r}.")
+    allowed = Decimal(str(tolerance))
 
     def reward(prompts, completions, **kwargs) -> list[float]:
         expected = _column(kwargs, field, "numeric_match")
         out = []
         for completion, target in zip(completions, expected, strict=True):
             got, want = first_number(completion_text(completion)), first_number(target)
-            out.append(float(got is not None and want is not None and got == want))
+            out.append(float(got is not None and want is not None and abs(got - want) <= allowed))
         return out
 
     return reward
