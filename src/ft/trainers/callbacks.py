@@ -19,6 +19,8 @@ BUILTIN = {"early_stopping": _early_stopping}
 
 
 def build_callbacks(recipe: Recipe, base_dir: Path) -> list:
+    if not recipe.callbacks:
+        return []  # importing transformers' TrainerCallback alone takes seconds
     from transformers import TrainerCallback
 
     callbacks = []

@@ -14,6 +14,7 @@ from ..models import lora_config
 from ..recipe import Recipe
 from .callbacks import build_callbacks
 from .config import method_section_args, optimizer_args, scheduler_args
+from .loss import resolve_loss
 
 
 def load(reference: str):
@@ -58,9 +59,9 @@ def check_plugins(recipe: Recipe, base_dir: Path) -> None:
 
     Raises ``ft.plugins.PluginError``.
     """
-    build_callbacks(recipe, base_dir)
     if recipe.loss:
-        load("ft.trainers.sft:resolve_loss")(recipe, base_dir)
+        resolve_loss(recipe, base_dir)
+    build_callbacks(recipe, base_dir)
     if recipe.method == "grpo":
         load("ft.rewards:reward_functions")(recipe, base_dir)
 

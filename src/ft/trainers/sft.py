@@ -6,8 +6,8 @@ import torch
 from transformers import Trainer
 from trl import SFTTrainer
 
-from ..plugins import check_signature, resolve
 from ..recipe import Recipe
+from .loss import resolve_loss
 from .metrics import metric_kwargs
 from .mixin import FtTrainerMixin
 
@@ -101,14 +101,6 @@ def data_args(recipe: Recipe) -> dict:
         "dataset_kwargs": {"skip_prepare_dataset": not data.packing},
         "remove_unused_columns": False,
     }
-
-
-def resolve_loss(recipe: Recipe, base_dir):
-    """The recipe's ``loss: module:function``, checked against the documented signature
-    ``compute_loss_func(outputs, labels, num_items_in_batch)``."""
-    loss = resolve(recipe.loss, "loss", base_dir)
-    check_signature(loss, "loss", ("outputs", "labels", "num_items_in_batch"), positional=True)
-    return loss
 
 
 def trainer_kwargs(ctx) -> dict:
