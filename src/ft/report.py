@@ -1,4 +1,4 @@
-"""``summary.json``: what a run did, read from the trainer's log history."""
+"""What a run did, read from the trainer's log history: ``summary.json`` and the PNGs under ``plots/``."""
 
 from __future__ import annotations
 
@@ -32,3 +32,49 @@ def write_summary(output_dir: Path, summary: dict) -> Path:
     path = output_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return path
+
+
+# one PNG per entry: file stem -> (log keys drawn on it, y-axis label); a plot is drawn when a key was logged
+PLOTS = {
+    "loss": (("loss", "eval_loss"), "loss"),
+    "learning_rate": (("learning_rate",), "learning rate"),
+    "grad_norm": (("grad_norm",), "gradient norm (before clipping)"),
+    "reward": (("reward",), "mean reward"),
+}
+
+LEGEND = {"loss": "train", "eval_loss": "eval"}
+
+
+def write_plots(output_dir: Path, log_history: list[dict]) -> list[str]:
+    """``plots/<name>.png`` for every entry of ``PLOTS`` the run logged, against the optimizer step; returns the
+    files written, relative to ``output_dir``."""
+    series = {key: [(entry["step"], entry[key]) for entry in log_history if key in entry and "step" in entry]
+              for keys, _ in PLOTS.values() for key in keys}
+    wanted = {name: spec for name, spec in PLOTS.items() if any(series[key] for key in spec[0])}
+    if not wanted:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, whatever the user's backend setting
+    from matplotlib import pyplot as plt
+
+    folder = output_dir / "plots"
+    folder.mkdir(exist_ok=True)
+    written = []
+    for name, (keys, label) in wanted.items():
+        figure, axes = plt.subplots(figsize=(6, 3.5), dpi=100)
+        for key in keys:
+            if series[key]:
+                steps, values = zip(*series[key], strict=True)
+                axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3,
+                          label=LEGEND.get(key, key))
+        axes.set_xlabel("step")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+        if len(keys) > 1:
+            axes.legend()
+        figure.tight_layout()
+        figure.savefig(folder / f"{name}.png")
+        plt.close(figure)
+        written.append(f"plots/{name}.png")
+    return written

@@ -77,6 +77,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if checkpoints.stopped_for_jit(output_dir, state.global_step, state.max_steps, trainer.args.enable_jit_checkpoint):
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=None, extra={"data": prepared.stats, **trainer.ft_stats()})
+        summary["plots"] = report.write_plots(output_dir, state.log_history)
         report.write_summary(output_dir, summary)
         say(f"ft: stopped at step {state.global_step}; checkpoint saved. Resume with: "
             f"ft train {loaded.source} --resume auto")
@@ -86,6 +87,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
                                final_eval=final_eval, extra={"data": prepared.stats, **trainer.ft_stats()})
+    summary["plots"] = report.write_plots(output_dir, state.log_history)
     report.write_summary(output_dir, summary)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)
