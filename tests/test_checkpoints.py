@@ -1,11 +1,19 @@
-"""Resume resolution: `auto` takes the newest *complete* checkpoint; a bad path is a clear exit-2 error."""
+"""Resume resolution (`auto` takes the newest *complete* checkpoint; a bad path is a clear exit-2 error) and
+preemption: SIGTERM saves a JIT checkpoint, exits 143, and the same command resumes to completion."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import run_ft, tiny_sft
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
-from ft.checkpoints import INCOMPLETE_MARKER, ResumeError, resolve_resume
+import pytest
+from conftest import ROOT, run_ft, tiny_sft
+
+from ft.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
 
 def _checkpoint(out, step: int, complete: bool = True):
@@ -35,3 +43,62 @@ def test_explicit_path_must_be_a_complete_checkpoint(tmp_path):
 def test_bad_resume_path_exits_2(write_recipe, tmp_path):
     result = run_ft("train", str(write_recipe(tiny_sft(tmp_path / "out"))), "--resume", str(tmp_path / "nope"))
     assert result.returncode == 2 and "--resume" in result.stderr and "Traceback" not in result.stderr
+
+
+SLOW_STEPS = """
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class SlowSteps(TrainerCallback):
+    \"\"\"Makes each step last 50 ms and, at step 5, tells the test that training is under way.\"\"\"
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.05)
+        if state.global_step == 5:
+            (Path(args.output_dir) / "training-started").write_text("")
+"""
+
+
+def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write_recipe, tmp_path):
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=200, logging_steps=10)  # save_strategy "no": no periodic checkpoints
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    path = write_recipe(recipe)
+    command = [sys.executable, "-m", "ft", "train", str(path)]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "training-started").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+
+    assert process.returncode == 143, stderr[-3000:]
+    checkpoints = complete_checkpoints(out)
+    assert len(checkpoints) == 1, stderr[-3000:]
+    stopped_at = int(checkpoints[0].name.split("-")[1])
+    assert 5 <= stopped_at < 200
+    assert not (out / "final").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoints[0])
+    assert summary["steps"] - stopped_at in (0, 1)  # acted on before an optimizer step, the save is one step back
+    assert "stopped by SIGTERM" in stderr and f"ft train {path}" in stderr
+    assert "Traceback" not in stderr
+
+    resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {checkpoints[0]}" in resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 200
+    assert summary["last_train_loss"] < summary["first_train_loss"]  # the history runs on from the checkpoint's
+    assert (out / "final" / "config.json").is_file()
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2 and "already holds a completed run" in again.stderr
+    assert "--resume never" in again.stderr

@@ -1,8 +1,17 @@
-"""Where a run resumes from, and whether it stopped for a JIT checkpoint."""
+"""Where a run resumes from, and whether it stopped for a JIT checkpoint.
+
+Preemption: with ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), transformers answers
+SIGTERM by saving ``checkpoint-<step>`` at the next step boundary and ending training. ``SigtermWatch``
+records that the signal came, so ft can tell that stop from a finished run (or an early-stopped one): it
+then writes no ``final/``, marks the summary ``stopped`` and exits 143.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 from pathlib import Path
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
@@ -23,11 +32,21 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def jit_default(recipe_train: dict) -> dict:
+    """ft turns transformers' JIT checkpointing on unless the recipe sets ``enable_jit_checkpoint``."""
+    return {} if "enable_jit_checkpoint" in recipe_train else {"enable_jit_checkpoint": True}
+
+
 def resolve_resume(mode: str, output_dir: Path) -> str | None:
-    """``auto``: the newest complete checkpoint, if any; ``never``: start fresh; else a path."""
+    """``auto``: the newest complete checkpoint, if any (an error when the run there already completed);
+    ``never``: start fresh; else a path."""
     if mode == "never":
         return None
     if mode == "auto":
+        if _completed(output_dir):
+            raise ResumeError(f"{output_dir} already holds a completed run ({output_dir / 'summary.json'} says "
+                              "`completed`; its model is in final/). To train it again from the start into the "
+                              "same folder pass `--resume never`; to keep it, set `train.output_dir` elsewhere.")
         found = complete_checkpoints(output_dir)
         return str(found[-1]) if found else None
     path = Path(mode)
@@ -37,6 +56,43 @@ def resolve_resume(mode: str, output_dir: Path) -> str | None:
     return str(path)
 
 
-def stopped_for_jit(output_dir: Path, global_step: int, max_steps: int, jit_enabled: bool) -> bool:
-    """True when training ended early because a SIGTERM triggered transformers' JIT checkpoint."""
-    return jit_enabled and global_step < max_steps and (output_dir / f"checkpoint-{global_step}").is_dir()
+def _completed(output_dir: Path) -> bool:
+    try:
+        return json.loads((output_dir / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class SigtermWatch:
+    """While open, notes a SIGTERM and passes it on to the handler that was installed before (transformers'
+    JIT checkpoint handler, or the default one, which ends the process as usual)."""
+
+    def __init__(self):
+        self.received = False
+        self._previous = None
+
+    def __enter__(self):
+        self._previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = True
+        if callable(self._previous):
+            self._previous(signum, frame)
+        elif self._previous != signal.SIG_IGN:  # the default action: end the process, killed by the signal
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def __exit__(self, *exc):
+        if signal.getsignal(signal.SIGTERM) == self._handle:  # transformers may have restored its own already
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def stopped_for_jit(global_step: int, max_steps: int, sigterm: bool) -> bool:
+    """True when training ended early after a SIGTERM: transformers then saved a JIT checkpoint (at the step
+    boundary it reached: ``checkpoint-<global_step>``, or the step before when the signal was acted on just before
+    an optimizer step). A SIGTERM in the last moments of a run that still reached ``max_steps`` leaves it
+    completed."""
+    return sigterm and global_step < max_steps

@@ -63,24 +63,27 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         tokenizer.chat_template = template  # final/ ships the template the model was trained with
     prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=args.get("seed", 42))
+    defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.jit_default(args)}
     trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
-                            eval_dataset=prepared.eval, defaults=hardware.device_defaults(recipe, hw),
-                            base_dir=base_dir, callbacks=callbacks)
+                            eval_dataset=prepared.eval, defaults=defaults, base_dir=base_dir, callbacks=callbacks)
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume_from)
+    with checkpoints.SigtermWatch() as sigterm:
+        trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - started
     state = trainer.state
 
-    if checkpoints.stopped_for_jit(output_dir, state.global_step, state.max_steps, trainer.args.enable_jit_checkpoint):
+    if checkpoints.stopped_for_jit(state.global_step, state.max_steps, sigterm.received):
+        saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=None, extra={"data": prepared.stats, **trainer.ft_stats()})
+        summary["checkpoint"] = str(saved[-1]) if saved else None
         summary["plots"] = report.write_plots(output_dir, state.log_history)
         report.write_summary(output_dir, summary)
-        say(f"ft: stopped at step {state.global_step}; checkpoint saved. Resume with: "
-            f"ft train {loaded.source} --resume auto")
+        say(f"ft: stopped by SIGTERM at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']}. "
+            f"Run the same command again to resume from it (--resume auto, the default): ft train {loaded.source}")
         return RunResult("stopped", output_dir, summary)
 
     final_eval = trainer.evaluate() if prepared.eval is not None else None
