@@ -16,10 +16,10 @@ from conftest import ROOT, run_ft, tiny_sft
 from ft.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
 
-def _checkpoint(out, step: int, complete: bool = True):
+def _checkpoint(out, step: int, complete: bool = True, state: str = '{"global_step": 1}'):
     path = out / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    (path / "trainer_state.json").write_text("{}")
+    (path / "trainer_state.json").write_text(state)
     if not complete:
         (path / INCOMPLETE_MARKER).write_text("in progress")
     return path
@@ -28,7 +28,9 @@ def _checkpoint(out, step: int, complete: bool = True):
 def test_auto_skips_incomplete_and_orders_numerically(tmp_path):
     _checkpoint(tmp_path, 9)
     newest_complete = _checkpoint(tmp_path, 10)
-    _checkpoint(tmp_path, 12, complete=False)
+    _checkpoint(tmp_path, 12, complete=False)  # a JIT save still running (or killed)
+    _checkpoint(tmp_path, 14, state='{"global_step": 14, "log_hi')  # killed while writing its state file
+    (tmp_path / "checkpoint-16").mkdir()  # killed before the state file
     assert resolve_resume("auto", tmp_path) == str(newest_complete)
     assert resolve_resume("never", tmp_path) is None
     assert resolve_resume("auto", tmp_path / "empty") is None

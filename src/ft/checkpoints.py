@@ -22,14 +22,25 @@ class ResumeError(Exception):
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """``checkpoint-N`` folders that finished writing, oldest first."""
+    """``checkpoint-N`` folders that finished writing, oldest first.
+
+    transformers writes ``trainer_state.json`` last (after weights, optimizer, scheduler and RNG states) and marks
+    a JIT save in progress with ``INCOMPLETE_MARKER``: a folder counts when its state file is there, whole (a
+    kill during that very write leaves it truncated) and no marker is left.
+    """
     found = []
     for path in output_dir.glob("checkpoint-*"):
         match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        complete = (path / "trainer_state.json").exists() and not (path / INCOMPLETE_MARKER).exists()
-        if match and path.is_dir() and complete:
+        if match and path.is_dir() and _state_readable(path) and not (path / INCOMPLETE_MARKER).exists():
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
+
+
+def _state_readable(checkpoint: Path) -> bool:
+    try:
+        return isinstance(json.loads((checkpoint / "trainer_state.json").read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def jit_default(recipe_train: dict) -> dict:
