@@ -29,7 +29,8 @@ def test_trl_defaults_would_be_slow_on_cpu():
 
 def test_cpu_defaults_turn_off_mixed_precision_and_checkpointing(write_recipe, tmp_path):
     defaults = hardware.device_defaults(_recipe(write_recipe, tmp_path), CPU)
-    assert defaults == {"bf16": False, "activation_checkpointing": False, "dataloader_pin_memory": False}
+    assert defaults == {"bf16": False, "activation_checkpointing": False, "dataloader_pin_memory": False,
+                        "use_cpu": True}
 
 
 @pytest.mark.parametrize("gpu, bf16", [(AMPERE, True), (TURING, False)])

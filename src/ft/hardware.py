@@ -49,7 +49,8 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
         # TRL's own default, restated under transformers' new name so it warns of no deprecation
         defaults = {"bf16": hw.bf16, "activation_checkpointing": True}
     else:
-        defaults = {"bf16": False, "activation_checkpointing": False, "dataloader_pin_memory": False}
+        # use_cpu: several processes (torchrun) then train data-parallel over gloo instead of each on its own
+        defaults = {"bf16": False, "activation_checkpointing": False, "dataloader_pin_memory": False, "use_cpu": True}
     if "fp16" in explicit:
         defaults.pop("bf16")
     if "gradient_checkpointing" in explicit:  # the deprecated alias counts as setting it

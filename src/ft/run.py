@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoints, data, hardware, models, report
+from . import checkpoints, data, hardware, models, ranks, report
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem
 from .recipe.redact import resolved_recipe_yaml
@@ -41,6 +41,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
           callbacks=()) -> RunResult:
     """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks)."""
     recipe = loaded.recipe
+    main = ranks.is_main()
+    say = say if main else _silent
     hw = hardware.probe()
     problems = hardware.check_hardware(recipe, hw)
     if problems:
@@ -53,15 +55,18 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     args = recipe.train_args
     output_dir = Path(args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
-    say(f"ft: {recipe.method} on {hw.summary}; output in {output_dir}")
+    if main:
+        (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
+    processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
+    say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
 
     resume_from = checkpoints.resolve_resume(resume, output_dir)
     tokenizer = models.load_tokenizer(recipe.model)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
         tokenizer.chat_template = template  # final/ ships the template the model was trained with
-    prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
+    with ranks.main_process_first(cpu=not hw.cuda):  # one process writes data.prepared_path, the others reuse it
+        prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=args.get("seed", 42))
     defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.jit_default(args)}
     trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
@@ -78,10 +83,9 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if checkpoints.stopped_for_jit(state.global_step, state.max_steps, sigterm.received):
         saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra={"data": prepared.stats, **trainer.ft_stats()})
+                                   final_eval=None, extra=_extra(prepared, trainer))
         summary["checkpoint"] = str(saved[-1]) if saved else None
-        summary["plots"] = report.write_plots(output_dir, state.log_history)
-        report.write_summary(output_dir, summary)
+        _write_report(output_dir, summary, state.log_history, main)
         say(f"ft: stopped by SIGTERM at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']}. "
             f"Run the same command again to resume from it (--resume auto, the default): ft train {loaded.source}")
         return RunResult("stopped", output_dir, summary)
@@ -89,8 +93,22 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval, extra={"data": prepared.stats, **trainer.ft_stats()})
-    summary["plots"] = report.write_plots(output_dir, state.log_history)
-    report.write_summary(output_dir, summary)
+                               final_eval=final_eval, extra=_extra(prepared, trainer))
+    _write_report(output_dir, summary, state.log_history, main)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)
+
+
+def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main: bool) -> None:
+    if main:
+        summary["plots"] = report.write_plots(output_dir, log_history)
+        report.write_summary(output_dir, summary)
+
+
+def _silent(_message: str) -> None:
+    """``say`` on the processes other than the main one."""
+
+
+def _extra(prepared: data.PreparedData, trainer) -> dict:
+    """summary.json beyond the losses: data counts, processes, and the main process's token counts."""
+    return {"data": prepared.stats, "world_size": trainer.args.world_size, **trainer.ft_stats()}
