@@ -1,24 +1,33 @@
-"""Two processes on CPU (torchrun, gloo): data-parallel training, one set of messages and run files."""
+"""Two processes on CPU (torchrun, gloo): data-parallel training, one set of messages and run files, and a
+SIGTERM stop agreed by both processes that torchrun resumes."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from conftest import ROOT, tiny_sft
+from test_checkpoints import SLOW_STEPS
+
+from ft.checkpoints import complete_checkpoints
+
+
+def _torchrun(recipe_path, port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+            "-m", "ft", "train", str(recipe_path)]
 
 
 def test_two_processes_train_data_parallel_and_write_the_run_once(write_recipe, tmp_path):
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=10, save_strategy="steps", save_steps=10)
     recipe["data"]["prepared_path"] = str(tmp_path / "prepared")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "ft", "train", str(write_recipe(recipe))]
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(_torchrun(write_recipe(recipe), 29517), cwd=ROOT,
+                            env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("ft: done") == 1 and "× 2 processes" in result.stderr
 
@@ -28,3 +37,36 @@ def test_two_processes_train_data_parallel_and_write_the_run_once(write_recipe, 
     state = json.loads((out / "checkpoint-10" / "trainer_state.json").read_text())
     assert abs(state["epoch"] - 10 / math.ceil(summary["data"]["train_rows"] / 16)) < 1e-9
     assert (out / "final" / "config.json").is_file()
+
+
+def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write_recipe, tmp_path):
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=60, logging_steps=10)
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    path = write_recipe(recipe)
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    launcher = subprocess.Popen(_torchrun(path, 29518), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "training-started").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGTERM)  # torchrun passes it on to both processes
+    _, stderr = launcher.communicate(timeout=300)
+
+    assert launcher.returncode != 0 and "stopped by SIGTERM" in stderr, stderr[-3000:]
+    # one checkpoint, saved by both processes at the same step: each one's RNG state is in it
+    assert [p.name for p in out.glob("checkpoint-*")] == [p.name for p in complete_checkpoints(out)]
+    (checkpoint,) = complete_checkpoints(out)
+    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= {p.name for p in checkpoint.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
+    assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 60
+    assert not (out / "final").exists()
+
+    resumed = subprocess.run(_torchrun(path, 29519), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {checkpoint}" in resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 60 and summary["world_size"] == 2

@@ -75,11 +75,13 @@ def _completed(output_dir: Path) -> bool:
 
 
 class SigtermWatch:
-    """While open, notes a SIGTERM and passes it on to the handler that was installed before (transformers'
-    JIT checkpoint handler, or the default one, which ends the process as usual)."""
+    """While open, notes a SIGTERM. With ``pass_on`` it then calls the handler installed before (transformers' JIT
+    checkpoint handler, or the default one, which ends the process as usual); without, the signal is only noted,
+    for ``ft.trainers.preemption.StopTogether`` to act on in step with the other processes."""
 
-    def __init__(self):
+    def __init__(self, pass_on: bool = True):
         self.received = False
+        self.pass_on = pass_on
         self._previous = None
 
     def __enter__(self):
@@ -89,6 +91,8 @@ class SigtermWatch:
 
     def _handle(self, signum, frame):
         self.received = True
+        if not self.pass_on:
+            return
         if callable(self._previous):
             self._previous(signum, frame)
         elif self._previous != signal.SIG_IGN:  # the default action: end the process, killed by the signal

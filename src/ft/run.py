@@ -74,8 +74,13 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
+    together = ranks.world_size() > 1 and trainer.args.enable_jit_checkpoint
     started = time.perf_counter()
-    with checkpoints.SigtermWatch() as sigterm:
+    with checkpoints.SigtermWatch(pass_on=not together) as sigterm:
+        if together:
+            from .trainers.preemption import StopTogether
+
+            trainer.add_callback(StopTogether(sigterm))
         trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - started
     state = trainer.state
