@@ -17,8 +17,9 @@ from test_checkpoints import SLOW_STEPS
 from ft.checkpoints import complete_checkpoints
 
 
-def _torchrun(recipe_path, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+def _torchrun(recipe_path) -> list[str]:
+    """Two processes on this machine; --standalone picks a free port for their rendezvous."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "-m", "ft", "train", str(recipe_path)]
 
 
@@ -26,7 +27,7 @@ def test_two_processes_train_data_parallel_and_write_the_run_once(write_recipe, 
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=10, save_strategy="steps", save_steps=10)
     recipe["data"]["prepared_path"] = str(tmp_path / "prepared")
-    result = subprocess.run(_torchrun(write_recipe(recipe), 29517), cwd=ROOT,
+    result = subprocess.run(_torchrun(write_recipe(recipe)), cwd=ROOT,
                             env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("ft: done") == 1 and "× 2 processes" in result.stderr
@@ -47,7 +48,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     path = write_recipe(recipe)
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
-    launcher = subprocess.Popen(_torchrun(path, 29518), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(_torchrun(path), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (out / "training-started").exists():
         assert launcher.poll() is None and time.monotonic() < deadline, "training never started"
@@ -65,7 +66,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 60
     assert not (out / "final").exists()
 
-    resumed = subprocess.run(_torchrun(path, 29519), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(_torchrun(path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())

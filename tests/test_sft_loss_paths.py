@@ -76,3 +76,13 @@ def test_evaluation_with_logits_takes_one_forward(trainer):
         trainer.model.train()
     assert len(calls) == 1  # TRL's path runs the fused forward, then a second one for the logits
     assert logits.shape[:2] == labels.shape and torch.isfinite(loss)
+
+
+def test_entropy_is_summed_in_chunks_without_changing_it():
+    from ft.trainers.sft import _entropy_sum
+
+    logits, mask = torch.randn(3, 7, 11), torch.rand(3, 7) > 0.3
+    log_probs = torch.log_softmax(logits, dim=-1)
+    direct = (-(log_probs.exp() * log_probs).sum(-1) * mask).sum()
+    assert torch.allclose(_entropy_sum(logits, mask), direct)
+    assert torch.allclose(_entropy_sum(logits, mask, elements=4 * 11), direct)  # 4 positions per chunk, 6 chunks

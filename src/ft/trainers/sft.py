@@ -74,11 +74,9 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         mode = "train" if self.model.training else "eval"
         logits, targets = logits[:, :-1], inputs["labels"][:, 1:]
         mask = targets != -100
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
         gather = self.accelerator.gather_for_metrics
         num_valid = gather(mask.sum()).sum()
-        entropy_sum = gather((entropy * mask).sum()).sum()
+        entropy_sum = gather(_entropy_sum(logits, mask)).sum()
         num_correct = gather(((logits.argmax(-1) == targets) & mask).sum()).sum()
         valid = num_valid.item()
         self._metrics[mode]["entropy"].append(entropy_sum.item() / valid if valid else 0.0)
@@ -89,6 +87,18 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
             fed = attention.sum() if attention is not None else torch.tensor(positions.size(1), device=positions.device)
             self._total_train_tokens += int(gather(fed).sum()) // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+
+
+def _entropy_sum(logits, mask, elements: int = 2**25):
+    """Summed entropy of the predictions at the masked positions, in float32 chunks of about ``elements``
+    values (128 MB): a large vocabulary times a long batch would not fit as one float32 copy."""
+    flat, keep = logits.reshape(-1, logits.size(-1)), mask.reshape(-1)
+    rows = max(1, elements // flat.size(-1))
+    total = torch.zeros((), device=logits.device)
+    for start in range(0, flat.size(0), rows):
+        log_probs = torch.log_softmax(flat[start:start + rows].float(), dim=-1)
+        total += (-(log_probs.exp() * log_probs).sum(-1) * keep[start:start + rows]).sum()
+    return total
 
 
 def data_args(recipe: Recipe) -> dict:
