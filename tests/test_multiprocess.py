@@ -71,3 +71,21 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert f"resuming from {checkpoint}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 60 and summary["world_size"] == 2
+
+
+def test_each_failing_process_keeps_its_own_traceback(write_recipe, tmp_path):
+    (tmp_path / "exploding_ranks.py").write_text(
+        "from transformers import TrainerCallback\n\n"
+        "class Explode(TrainerCallback):\n"
+        "    def on_step_end(self, args, state, control, **kwargs):\n"
+        "        if state.global_step == 2:\n"
+        "            raise RuntimeError(f'disk full on rank {args.process_index}')\n"
+    )
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=5)
+    recipe["callbacks"] = [{"cls": "exploding_ranks:Explode"}]
+    result = subprocess.run(_torchrun(write_recipe(recipe)), cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "disk full on rank 0" in (out / "error.log").read_text()
+    assert "disk full on rank 1" in (out / "error-rank1.log").read_text()

@@ -94,7 +94,8 @@ def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
 
     if os.environ.get("FT_DEBUG"):
         raise exc
-    log = Path(output_dir) / "error.log"
+    rank = os.environ.get("RANK", "0")  # under torchrun every process may fail; each keeps its own traceback
+    log = Path(output_dir) / ("error.log" if rank == "0" else f"error-rank{rank}.log")
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("".join(traceback.format_exception(exc)))
