@@ -104,3 +104,21 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 2 and "already holds a completed run" in again.stderr
     assert "--resume never" in again.stderr
+
+
+def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp_path):
+    """ft's SIGTERM watch passes the signal on: with nothing to save, the process ends at once, as without ft."""
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=200, enable_jit_checkpoint=False)
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(write_recipe(recipe))], cwd=ROOT,
+                               env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "training-started").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM, stderr[-3000:]
+    assert not (out / "summary.json").exists() and not list(out.glob("checkpoint-*"))

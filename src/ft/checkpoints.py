@@ -105,7 +105,7 @@ class SigtermWatch:
         return False
 
 
-def stopped_for_jit(global_step: int, max_steps: int, sigterm: bool) -> bool:
+def stopped_by_sigterm(global_step: int, max_steps: int, sigterm: bool) -> bool:
     """True when training ended early after a SIGTERM: transformers then saved a JIT checkpoint (at the step
     boundary it reached: ``checkpoint-<global_step>``, or the step before when the signal was acted on just before
     an optimizer step). A SIGTERM in the last moments of a run that still reached ``max_steps`` leaves it

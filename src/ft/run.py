@@ -85,7 +85,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     seconds = time.perf_counter() - started
     state = trainer.state
 
-    if checkpoints.stopped_for_jit(state.global_step, state.max_steps, sigterm.received):
+    if checkpoints.stopped_by_sigterm(state.global_step, state.max_steps, sigterm.received):
         saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=None, extra=_extra(prepared, trainer))
