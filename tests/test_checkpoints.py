@@ -64,6 +64,15 @@ class SlowSteps(TrainerCallback):
 """
 
 
+def sigterm_once_started(process: subprocess.Popen, out) -> None:
+    """Send SIGTERM to ``process`` once SlowSteps says training is under way (its 5th step)."""
+    deadline = time.monotonic() + 300
+    while not (out / "training-started").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+
+
 def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     out = tmp_path / "out"
@@ -74,11 +83,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (out / "training-started").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "training never started"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    sigterm_once_started(process, out)
     _, stderr = process.communicate(timeout=300)
 
     assert process.returncode == 143, stderr[-3000:]
@@ -114,11 +119,7 @@ def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
     process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(write_recipe(recipe))], cwd=ROOT,
                                env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (out / "training-started").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "training never started"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    sigterm_once_started(process, out)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM, stderr[-3000:]
     assert not (out / "summary.json").exists() and not list(out.glob("checkpoint-*"))

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 from conftest import ROOT, tiny_sft
-from test_checkpoints import SLOW_STEPS
+from test_checkpoints import SLOW_STEPS, sigterm_once_started
 
 from ft.checkpoints import complete_checkpoints
 
@@ -49,11 +47,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
     launcher = subprocess.Popen(_torchrun(path), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (out / "training-started").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, "training never started"
-        time.sleep(0.1)
-    launcher.send_signal(signal.SIGTERM)  # torchrun passes it on to both processes
+    sigterm_once_started(launcher, out)  # torchrun passes it on to both processes
     _, stderr = launcher.communicate(timeout=300)
 
     assert launcher.returncode != 0 and "stopped by SIGTERM" in stderr, stderr[-3000:]
