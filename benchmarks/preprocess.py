@@ -77,7 +77,7 @@ def throughput(tmp: Path, rows: int) -> None:
 
         datasets.disable_caching()  # every repeat tokenizes for real (no datasets cache hit)
         shutil.rmtree(tmp / "prepared", ignore_errors=True)
-        return data.prepare_data(recipe, tokenizer, lambda _: None)
+        return data.prepare_data(recipe, tokenizer, None, lambda _: None)  # text rows: no chat template
 
     tokens = sum(len(ids) for ids in raw())
     raw_s, ft_s = best_of(raw), best_of(ft_preprocess)
@@ -106,9 +106,10 @@ def masking() -> None:
 
 
 def nonpad_fraction(tmp: Path) -> None:
-    from ft import data, hardware, models
+    from ft import hardware
     from ft.recipe import load_recipe
-    from ft.trainers import build_trainer
+    from ft.run import prepare_trainer
+    from ft.trainers import Hooks
 
     write_text_rows(tmp / "tail.jsonl", long_tailed_lengths(4000, seed=1), seed=1)
     print("3. non-pad fraction of train batches (batch 8, gradient accumulation 4, long-tailed lengths):")
@@ -118,11 +119,8 @@ def nonpad_fraction(tmp: Path) -> None:
         packing = settings.pop("packing", False)
         path = recipe_file(tmp, tmp / "tail.jsonl", gradient_accumulation_steps=4, **settings)
         recipe = load_recipe(path, [f"data.packing={str(packing).lower()}"]).recipe
-        tokenizer = models.load_tokenizer(recipe.model)
-        prepared = data.prepare_data(recipe, tokenizer, lambda _: None)
-        trainer = build_trainer(recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
-                                train_dataset=prepared.train, eval_dataset=None,
-                                defaults=hardware.device_defaults(recipe, hardware.probe()))
+        trainer, _ = prepare_trainer(recipe, Hooks(), hardware.probe(), say=lambda _: None)
+        tokenizer = trainer.processing_class
         real = padded = 0
         for batch in trainer.get_train_dataloader():  # the pad token never occurs in the data itself
             padded += batch["input_ids"].numel()

@@ -3,8 +3,8 @@
 Three ways to train the same ~4M-parameter Llama (the shipped tiny-llama config, widened) on the same
 arithmetic chats, batch size, max_length, seed and assistant-only loss:
 
-  ft    `ft train` in-process: load_recipe with `--set`-style overrides → ``ft.run.train`` whole; a
-        timing callback is slipped into the ``build_trainer`` call it makes (it takes no callbacks).
+  ft    `ft train` in-process: load_recipe with `--set`-style overrides → ``ft.run.train`` whole, with a
+        timing callback passed in through its ``callbacks`` argument.
   hand  the floor: a torch loop over the same batches (the ft trainer's own train dataloader, same
         order) doing only forward-with-labels, backward, clip_grad_norm_(1.0), AdamW step, zero_grad.
   trl   what a user gets from a bare TRL script: SFTTrainer with SFTConfig defaults (bf16 autocast and

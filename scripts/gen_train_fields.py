@@ -6,6 +6,10 @@ defaults and help texts are read from the *installed* classes here, once, and co
 ``tests/test_train_fields.py`` regenerates the table in memory and fails when it drifts from the
 installed versions; rerun this script after upgrading transformers or TRL.
 
+The methods and their TRL config classes come from ``ft.recipe.methods.METHODS``. A new method whose section takes
+its defaults from the table (``trl_default``) needs its entry here first: add it to ``METHODS`` without a section,
+run this script, then add the section.
+
 Type vocabulary (see ``ft.recipe.train_section``): bool, int, float, str, dict, list[str], list[float],
 str|list[str], str|bool, int|str, choice (with "choices"), unsupported (settable only from Python).
 """
@@ -20,16 +24,9 @@ import types
 import typing
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "ft" / "recipe" / "train_fields.json"
+from ft.recipe.methods import METHODS  # each method's TRL config class, as ``module:Class``
 
-# method -> (module, class). TRL keeps ORPO under trl.experimental.
-METHOD_CONFIGS = {
-    "sft": ("trl", "SFTConfig"),
-    "dpo": ("trl", "DPOConfig"),
-    "grpo": ("trl", "GRPOConfig"),
-    "kto": ("trl", "KTOConfig"),
-    "orpo": ("trl.experimental.orpo", "ORPOConfig"),
-}
+OUT = Path(__file__).resolve().parents[1] / "src" / "ft" / "recipe" / "train_fields.json"
 
 
 def _type_spec(tp) -> dict:
@@ -95,7 +92,8 @@ def build_table() -> dict:
 
     base = _fields(transformers.TrainingArguments)
     methods = {}
-    for method, (module, name) in METHOD_CONFIGS.items():
+    for method, spec in METHODS.items():
+        module, _, name = spec.config.partition(":")
         cls = getattr(importlib.import_module(module), name)
         own = _fields(cls)
         # keep only what the method adds or changes, so the table stays readable in review

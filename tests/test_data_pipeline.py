@@ -7,14 +7,13 @@ import json
 import shutil
 
 import pytest
-from conftest import ASSETS, DATA, run_ft, tiny_sft
+from conftest import ASSETS, CPU, DATA, run_ft, tiny_sft
 from transformers import AutoTokenizer
 
-from ft import data, hardware, models
+from ft import data, models
 from ft.recipe import load_recipe
-from ft.trainers import build_trainer
-
-CPU = hardware.Hardware(cuda=False, bf16=False, devices=0, name="cpu")
+from ft.run import prepare_trainer
+from ft.trainers import Hooks
 
 
 def _silent(_message: str) -> None:
@@ -42,7 +41,8 @@ def _recipe(workdir, write_recipe, **data_changes):
 def _prepare(path, messages=None, **kwargs):
     recipe = load_recipe(path).recipe
     say = messages.append if messages is not None else _silent
-    return data.prepare_data(recipe, models.load_tokenizer(recipe.model), say, **kwargs)
+    tokenizer = models.load_tokenizer(recipe.model)
+    return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say, **kwargs)
 
 
 def test_preprocess_writes_tokens_masks_and_length_column(workdir, write_recipe):
@@ -126,13 +126,10 @@ def test_length_samplers_read_the_length_column(workdir, write_recipe, strategy,
     path = _recipe(workdir, write_recipe)
     recipe = load_recipe(path, [f"train.train_sampling_strategy={strategy}",
                                 "train.gradient_accumulation_steps=2"]).recipe
-    tokenizer = models.load_tokenizer(recipe.model)
-    prepared = data.prepare_data(recipe, tokenizer, _silent)
+    trainer, prepared = prepare_trainer(recipe, Hooks(), CPU, _silent)
     # a length column that disagrees with the real lengths proves the sampler reads it instead of scanning
     fake = list(reversed(range(len(prepared.train))))
-    train = prepared.train.remove_columns("length").add_column("length", fake)
-    trainer = build_trainer(recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
-                            train_dataset=train, eval_dataset=None, defaults=hardware.device_defaults(recipe, CPU))
+    trainer.train_dataset = prepared.train.remove_columns("length").add_column("length", fake)
     loader = trainer.get_train_dataloader()
     used = _find_sampler(loader, sampler)
     assert used is not None, f"no {sampler} in the train dataloader"

@@ -1,18 +1,18 @@
-"""Device-aware defaults: TRL's bf16/activation checkpointing are off on CPU unless the recipe asks."""
+"""Device-aware defaults: TRL's bf16/activation checkpointing are off on CPU unless the recipe asks; and the one
+precedence rule of every TRL config ft builds: the recipe's values win, defaults fill only what it left unset."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import run_ft, tiny_sft
+from conftest import CPU, built_trainer, run_ft, tiny_sft
 from trl import SFTConfig
 
-from ft import data, hardware, models
+from ft import hardware
 from ft.hardware import Hardware
 from ft.recipe import load_recipe
-from ft.trainers import build_trainer
+from ft.trainers.build import trl_config
 
-CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
 AMPERE = Hardware(cuda=True, bf16=True, devices=1, name="NVIDIA A100")
 TURING = Hardware(cuda=True, bf16=False, devices=1, name="Tesla T4")
 
@@ -39,27 +39,39 @@ def test_cuda_defaults_use_bf16_where_supported(write_recipe, tmp_path, gpu, bf1
     assert defaults["bf16"] is bf16
 
 
-@pytest.mark.parametrize("explicit", [{"bf16": True}, {"activation_checkpointing": True},
-                                      {"gradient_checkpointing": True}, {"fp16": True}])
-def test_recipe_value_always_wins(write_recipe, tmp_path, explicit):
+@pytest.mark.parametrize("explicit", [{"gradient_checkpointing": True}, {"fp16": True}])
+def test_a_default_gives_way_to_its_alias_or_rival(write_recipe, tmp_path, explicit):
     defaults = hardware.device_defaults(_recipe(write_recipe, tmp_path, **explicit), CPU)
-    assert not set(explicit) & set(defaults)
-    if "gradient_checkpointing" in explicit:
-        assert "activation_checkpointing" not in defaults
-    if "fp16" in explicit:
-        assert "bf16" not in defaults
+    rival = {"gradient_checkpointing": "activation_checkpointing", "fp16": "bf16"}[next(iter(explicit))]
+    assert rival not in defaults
+
+
+def test_recipe_values_win_and_defaults_fill_only_what_the_recipe_left_unset(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out", bf16=False, logging_steps=7)
+    recipe["optimizer"] = {"lr": 0.25}
+    recipe["data"]["max_length"] = 48
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    defaults = {"bf16": True, "learning_rate": 1.0, "max_length": 99, "logging_steps": 99, "seed": 1234,
+                "use_cpu": True}
+    config = trl_config(SFTConfig, loaded, defaults, max_length=loaded.data.max_length)
+    assert config.bf16 is False and config.logging_steps == 7  # train: over a default
+    assert config.learning_rate == 0.25  # a section (optimizer.lr) over a default
+    assert config.max_length == 48  # a method's own mapping (data.max_length) over a default
+    assert config.seed == 1234  # unset in the recipe: the default fills it
+    plain = trl_config(SFTConfig, loaded, {"use_cpu": True})
+    assert plain.seed == SFTConfig(output_dir="x", use_cpu=True).seed  # no default from ft: TRL's own
+
+
+def test_train_section_wins_where_it_meets_a_mapped_section(write_recipe, tmp_path):
+    loaded = load_recipe(write_recipe(tiny_sft(tmp_path / "out", remove_unused_columns=True, use_cpu=True))).recipe
+    assert trl_config(SFTConfig, loaded, {}, remove_unused_columns=False).remove_unused_columns is True
 
 
 def test_built_trainer_carries_the_defaults_and_the_explicit_value(write_recipe, tmp_path):
-    recipe = _recipe(write_recipe, tmp_path, activation_checkpointing=True)
-    tokenizer = models.load_tokenizer(recipe.model)
-    trainer = build_trainer(
-        recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
-        train_dataset=data.prepare_data(recipe, tokenizer, lambda _: None).train, eval_dataset=None,
-        defaults=hardware.device_defaults(recipe, CPU),
-    )
-    assert trainer.args.bf16 is False
-    assert trainer.args.activation_checkpointing is True  # the recipe's explicit value
+    trainer, _ = built_trainer(write_recipe(tiny_sft(tmp_path / "out", activation_checkpointing=True)))
+    assert trainer.args.bf16 is False and trainer.args.use_cpu is True  # ft's CPU defaults
+    assert trainer.args.enable_jit_checkpoint is True  # ft's default
+    assert trainer.args.activation_checkpointing is True  # the recipe's explicit value over ft's CPU default
     assert trainer.args.learning_rate == pytest.approx(3e-3)  # optimizer.lr reached the config
 
 

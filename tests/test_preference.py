@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import ft.run
 from ft.models import ModelLoadError
 from ft.recipe import load_recipe
-from ft.trainers.preference import _unpaired
+from ft.trainers.kto import unpaired
 
 
 def preference_recipe(method: str, model: Path, output_dir: Path, *, init: str = "pretrained",
@@ -152,7 +152,7 @@ def test_kto_unpairs_the_pairs_into_mixed_batches():
     from datasets import load_dataset
 
     pairs = load_dataset("json", data_files=str(DATA / "preference.jsonl"), split="train")
-    rows = _unpaired(pairs, seed=0)
+    rows = unpaired(pairs, seed=0)
     assert len(rows) == 2 * len(pairs) and {"prompt", "completion", "label"} <= set(rows.column_names)
     assert sum(rows["label"]) == len(pairs)
     first_batch = rows["label"][:16]  # TRL alone would give 1,000 desirable rows first

@@ -144,7 +144,7 @@ def test_method_fields_live_in_their_section(write_recipe, tmp_path):
     errors = _errors(write_recipe, tmp_path, {"train.beta": 0.3}, base=preference_recipe(tmp_path))
     assert "dpo.beta" in errors["train.beta"]
     recipe = load_recipe(write_recipe(_with(preference_recipe(tmp_path), {"dpo": {"beta": 0.3}}))).recipe
-    assert recipe.method_section.config_args()["beta"] == 0.3
+    assert recipe.method_section.beta == 0.3
 
 
 def test_grpo_needs_rewards(write_recipe, tmp_path):
@@ -161,7 +161,7 @@ def test_grpo_generation_batch_divides_by_num_generations(write_recipe, tmp_path
                                                        "rewards": [{"name": "format"}]}}, base=base)
     assert "grpo.generation_batch_size" in errors
     loaded = load_recipe(write_recipe(_with(base, {"grpo.steps_per_generation": 4})))
-    assert loaded.recipe.grpo.config_args()["steps_per_generation"] == 4
+    assert loaded.recipe.grpo.steps_per_generation == 4
 
 
 def test_reward_spec_needs_exactly_one_source(write_recipe, tmp_path):

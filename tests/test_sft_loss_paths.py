@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from conftest import tiny_sft
+from conftest import built_trainer, tiny_sft
 from trl import SFTTrainer
-
-from ft import data, hardware, models
-from ft.hardware import Hardware
-from ft.recipe import load_recipe
-from ft.trainers import build_trainer
-
-CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +15,7 @@ def trainer(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loss-paths")
     path = tmp / "recipe.yaml"
     path.write_text(yaml.safe_dump(tiny_sft(tmp / "out", gradient_accumulation_steps=2)))
-    recipe = load_recipe(path).recipe
-    tokenizer = models.load_tokenizer(recipe.model)
-    prepared = data.prepare_data(recipe, tokenizer, lambda _: None)
-    return build_trainer(recipe, model=models.load_model(recipe, seed=0), tokenizer=tokenizer,
-                         train_dataset=prepared.train, eval_dataset=prepared.eval,
-                         defaults=hardware.device_defaults(recipe, CPU))
+    return built_trainer(path)[0]
 
 
 def _batch(trainer):

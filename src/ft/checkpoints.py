@@ -43,9 +43,9 @@ def _state_readable(checkpoint: Path) -> bool:
         return False
 
 
-def jit_default(recipe_train: dict) -> dict:
-    """ft turns transformers' JIT checkpointing on unless the recipe sets ``enable_jit_checkpoint``."""
-    return {} if "enable_jit_checkpoint" in recipe_train else {"enable_jit_checkpoint": True}
+# ft turns transformers' JIT checkpointing on unless the recipe sets ``train.enable_jit_checkpoint`` (a default:
+# it fills only what the recipe left unset, see ft.trainers.build)
+JIT_DEFAULT = {"enable_jit_checkpoint": True}
 
 
 def resolve_resume(mode: str, output_dir: Path) -> str | None:

@@ -102,7 +102,9 @@ def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
         where = f"the full traceback is in {log}"
     except OSError:
         where = "set FT_DEBUG=1 to see the traceback"
-    first = (str(exc).strip().splitlines() or [""])[0]
+    from .recipe.errors import first_line
+
+    first = first_line(exc)
     return (f"ft: {doing} failed with {type(exc).__name__}: {first}. This is not a recipe error ft knows how to "
             f"explain; {where}. Rerun with FT_DEBUG=1 to raise it, and please report it if it looks like a bug.")
 

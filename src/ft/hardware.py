@@ -43,7 +43,9 @@ def probe() -> Hardware:
 
 
 def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
-    """Trainer arguments ft chooses for this machine, for the keys the recipe leaves unset."""
+    """Trainer arguments ft chooses for this machine. They fill only the keys the recipe leaves unset (the rule is
+    applied where the config is built, ``ft.trainers.build``); here a default is also dropped when the recipe set
+    its alias or its rival (``gradient_checkpointing`` for ``activation_checkpointing``, ``fp16`` for ``bf16``)."""
     explicit = recipe.train_args
     if hw.cuda:
         # TRL's own default, restated under transformers' new name so it warns of no deprecation
@@ -55,7 +57,7 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
         defaults.pop("bf16")
     if "gradient_checkpointing" in explicit:  # the deprecated alias counts as setting it
         defaults.pop("activation_checkpointing")
-    return {key: value for key, value in defaults.items() if key not in explicit}
+    return defaults
 
 
 def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:

@@ -8,6 +8,7 @@ Adapters are not applied here: the LoRA config is handed to TRL, which wraps the
 from __future__ import annotations
 
 from .recipe import Recipe
+from .recipe.errors import first_line
 from .recipe.schema import AdapterSection, ModelSection, QuantizationSection
 
 
@@ -71,9 +72,8 @@ def load_reference_model(name: str, section: ModelSection):
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=section.trust_remote_code,
                                                      **_weights_kwargs(section))
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first}. Use a "
-                             "directory that holds config.json and weights, or a hub id reachable from this "
+        raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first_line(exc)}. "
+                             "Use a directory that holds config.json and weights, or a hub id reachable from this "
                              "machine; unset it to use a frozen copy of the starting model.") from None
     return model.requires_grad_(False).eval()
 
@@ -108,7 +108,6 @@ def lora_config(section: AdapterSection | None):
 
 
 def _explain(section: ModelSection, what: str, exc: Exception) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return (f"model.name: could not load the {what} from {section.name!r}: {first}. "
+    return (f"model.name: could not load the {what} from {section.name!r}: {first_line(exc)}. "
             "Use a local directory that holds config.json and tokenizer files, or a hub id reachable "
             "from this machine (log in with `hf auth login` for gated models).")

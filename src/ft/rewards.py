@@ -15,14 +15,15 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from .data import DataError
 from .plugins import PluginError, check_signature, resolve
-from .recipe import Problem, Recipe
-from .recipe.errors import did_you_mean
+from .recipe import Problem
+from .recipe.errors import did_you_mean, first_line
+from .recipe.methods import RewardSpec
 
 RewardFn = Callable[..., list]
 _NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
@@ -146,17 +147,14 @@ BUILTINS: dict[str, Callable[..., RewardFn]] = {
 }
 
 
-def reward_weights(recipe: Recipe) -> list[float]:
-    return [float(spec.weight) for spec in recipe.grpo.rewards]
-
-
-def reward_functions(recipe: Recipe, base_dir: Path) -> tuple[list[RewardFn], list[float]]:
-    """The recipe's reward functions in recipe order, and their weights.
+def reward_functions(specs: Sequence[RewardSpec], base_dir: Path) -> list[RewardFn]:
+    """The reward functions of ``grpo.rewards`` (``specs``), in recipe order. Their weights stay in the recipe: TRL
+    reads them from its config (``GRPOConfig.reward_weights``).
 
     Raises ``PluginError`` naming the recipe key (``grpo.rewards.<i>.fn``, ``grpo.rewards.<i>.args``, …).
     """
     functions, names = [], set()
-    for i, spec in enumerate(recipe.grpo.rewards):
+    for i, spec in enumerate(specs):
         key = f"grpo.rewards.{i}"
         if spec.name is not None:
             fn = _builtin(spec.name, dict(spec.args), key)
@@ -169,7 +167,7 @@ def reward_functions(recipe: Recipe, base_dir: Path) -> tuple[list[RewardFn], li
             fn = _renamed(fn, name)
         names.add(name)
         functions.append(fn)
-    return functions, reward_weights(recipe)
+    return functions
 
 
 def get_callable_name(fn) -> str:
@@ -189,7 +187,7 @@ def _builtin(name: str, args: dict, key: str) -> RewardFn:
     missing = [p for p, param in params.items() if param.default is param.empty and p not in args]
     if missing:
         raise PluginError(Problem(f"{key}.args", f"`{name}` needs `args: {{{missing[0]}: ...}}` "
-                                  f"({_first_line(factory.__doc__)})."))
+                                  f"({first_line(factory.__doc__).rstrip('.')})."))
     try:
         return factory(**args)
     except RewardArgError as exc:
@@ -223,7 +221,3 @@ def _renamed(fn: RewardFn, name: str) -> RewardFn:
             return fn(*args, **kwargs)
     named.__name__ = named.__qualname__ = name
     return named
-
-
-def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().splitlines()[0].rstrip(".") if doc else ""

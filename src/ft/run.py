@@ -9,9 +9,9 @@ from pathlib import Path
 
 from . import checkpoints, data, hardware, models, ranks, report
 from .plugins import PluginError
-from .recipe import LoadedRecipe, Problem
+from .recipe import LoadedRecipe, Problem, Recipe
 from .recipe.redact import resolved_recipe_yaml
-from .trainers import build_trainer, check_plugins
+from .trainers import Hooks, TrainerInputs, build_trainer, resolve_hooks
 
 EXIT_DONE, EXIT_STOPPED = 0, 143
 
@@ -34,7 +34,7 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
         raise loaded.error([Problem("data.prepared_path", "`ft preprocess` writes the tokenized dataset there; "
                                     "set it (e.g. prepared/my-run) so `ft train` can reuse it.")])
     tokenizer = models.load_tokenizer(recipe.model)
-    return data.prepare_data(recipe, tokenizer, say)
+    return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)
 
 
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print,
@@ -47,13 +47,11 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     problems = hardware.check_hardware(recipe, hw)
     if problems:
         raise loaded.error(problems)
-    base_dir = loaded.source.resolve().parent
     try:
-        check_plugins(recipe, base_dir)
+        hooks = resolve_hooks(recipe, base_dir=loaded.source.resolve().parent)
     except PluginError as exc:
         raise loaded.error([exc.problem]) from None
-    args = recipe.train_args
-    output_dir = Path(args["output_dir"])
+    output_dir = Path(recipe.train_args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
     if main:
         (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
@@ -61,16 +59,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
 
     resume_from = checkpoints.resolve_resume(resume, output_dir)
-    tokenizer = models.load_tokenizer(recipe.model)
-    template = data.chat_template_for(recipe, tokenizer)
-    if template is not None:
-        tokenizer.chat_template = template  # final/ ships the template the model was trained with
-    with ranks.main_process_first(cpu=not hw.cuda):  # one process writes data.prepared_path, the others reuse it
-        prepared = data.prepare_data(recipe, tokenizer, say, rebuild_ok=not recipe.data.require_prepared)
-    model = models.load_model(recipe, seed=args.get("seed", 42))
-    defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.jit_default(args)}
-    trainer = build_trainer(recipe, model=model, tokenizer=tokenizer, train_dataset=prepared.train,
-                            eval_dataset=prepared.eval, defaults=defaults, base_dir=base_dir, callbacks=callbacks)
+    trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks)
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
@@ -102,6 +91,21 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     _write_report(output_dir, summary, state.log_history, main)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)
+
+
+def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Callable[[str], None] = print,
+                    callbacks=()) -> tuple[object, data.PreparedData]:
+    """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains."""
+    tokenizer = models.load_tokenizer(recipe.model)
+    template = data.chat_template_for(recipe, tokenizer)
+    if template is not None:
+        tokenizer.chat_template = template  # final/ ships the template the model was trained with
+    with ranks.main_process_first(cpu=not hw.cuda):  # one process writes data.prepared_path, the others reuse it
+        prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared)
+    model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
+    defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.JIT_DEFAULT}
+    inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks))
+    return build_trainer(recipe, inputs), prepared
 
 
 def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main: bool) -> None:

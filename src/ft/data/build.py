@@ -1,8 +1,9 @@
 """The datasets of a run: read → canonical rows → (SFT) tokens, masks and length → cached.
 
-SFT data is tokenized here, once, with loss masks and a length column, so the sampler needs no scan
-and ``ft preprocess`` can cache it; TRL then only packs (when asked). Preference and prompt data are
-handed to TRL as canonical rows: its DPO/KTO/ORPO/GRPO trainers tokenize them their own way.
+For the methods ft tokenizes (``METHODS[m].ft_tokenizes``: SFT) the rows are tokenized here, once, with loss
+masks and a length column, so the sampler needs no scan and ``ft preprocess`` can cache them; TRL then only packs
+(when asked). The other methods' preference and prompt rows go to TRL as canonical rows: its DPO/KTO/ORPO/GRPO
+trainers tokenize them their own way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..recipe import Recipe
+from ..recipe.methods import METHODS
 from ..recipe.schema import DataSource, SplitRatio
 from . import cache
 from .formats import normalize
@@ -33,15 +35,15 @@ class PreparedData:
     stats: dict = field(default_factory=dict)
 
 
-def prepare_data(recipe: Recipe, tokenizer, say: Callable[[str], None] = print, *, rebuild_ok: bool = True
-                 ) -> PreparedData:
+def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[[str], None] = print, *,
+                 rebuild_ok: bool = True) -> PreparedData:
     """The run's datasets, from the prepared cache when its fingerprint matches.
 
+    ``template`` is ``chat_template_for(recipe, tokenizer)``: the chat template rows are rendered with.
     ``rebuild_ok=False`` is ``data.require_prepared``: a missing or stale cache is an error.
     """
-    if recipe.method != "sft":
+    if not METHODS[recipe.method].ft_tokenizes:
         return _canonical_rows(recipe, say)
-    template = chat_template_for(recipe, tokenizer)
     if recipe.data.prepared_path is None:
         prepared = _tokenized(recipe, tokenizer, template, say)
         prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"

@@ -16,6 +16,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from ..recipe.errors import first_line
 from ..recipe.schema import DataSource
 from .rows import BLANK, ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
 
@@ -83,7 +84,7 @@ def _load(source: DataSource, on_bad_row: str, report: BadRows, key: str | None)
         return datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
     except Exception as exc:
         raise DataError(f"{_subject(source, key)}: could not load split {source.split!r} as a dataset: "
-                        f"{_first_line(exc)}") from None
+                        f"{first_line(exc)}") from None
 
 
 def _from_disk(path: Path, source: DataSource, key: str | None) -> datasets.Dataset:
@@ -105,7 +106,7 @@ def _from_file(path: Path, source: DataSource, on_bad_row: str, report: BadRows,
         dataset = datasets.load_dataset(FILE_BUILDERS[suffix], data_files=str(path), split="train")
     except Exception as exc:  # arrow's reader fails on one bad line, with an unhelpful message
         if suffix != ".jsonl":
-            raise DataError(f"{_subject(source, key)}: could not read it: {_first_line(exc)}") from None
+            raise DataError(f"{_subject(source, key)}: could not read it: {first_line(exc)}") from None
         return _jsonl_in_python(path, source, on_bad_row, report, key, exc)
     if suffix == ".txt":  # the text builder keeps blank lines; they are not rows
         dataset = dataset.filter(lambda text: [bool(t and t.strip(BLANK)) for t in text], input_columns="text",
@@ -142,7 +143,7 @@ def _jsonl_in_python(path: Path, source: DataSource, on_bad_row: str, report: Ba
     try:
         return datasets.Dataset.from_dict({**table, ROW: indices}, on_mixed_types="use_json")
     except Exception:
-        raise DataError(f"{_subject(source, key)}: could not read it: {_first_line(failure)}") from None
+        raise DataError(f"{_subject(source, key)}: could not read it: {first_line(failure)}") from None
 
 
 def _subsample(dataset: datasets.Dataset, fraction: float, seed: int) -> datasets.Dataset:
@@ -163,8 +164,3 @@ def _columns(dataset: datasets.Dataset) -> str:
 
 def _json_reason(exc: ValueError) -> str:
     return f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..labels import IGNORE_INDEX
 from .templates import end_of_turn
 
-IGNORE_INDEX = -100  # label of a token that carries no loss
 _SPACE = re.compile(r"\s*")
 
 Span = tuple[int, int]  # [start, end) character positions in the rendered text

@@ -45,3 +45,12 @@ def did_you_mean(word: str, options) -> str:
     if not close:
         return ""
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def first_line(text: object) -> str:
+    """The first non-blank line of ``text`` (an exception's message, a docstring), stripped; an exception without
+    a message gives its type's name. Error paragraphs quote one line of a library's message, never a dump."""
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    if lines:
+        return lines[0]
+    return type(text).__name__ if isinstance(text, BaseException) else ""

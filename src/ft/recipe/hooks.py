@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Literal, Optional, Union
 from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
 
 from .base import Section
+from .names import BUILTIN_CALLBACKS, METRICS
 
-METRICS = ("token_accuracy", "perplexity")
 _REFERENCE = re.compile(r"[\w.]+:\w+")
 
 
@@ -36,7 +36,7 @@ class BuiltinOrUser(Section):
 class CallbackSpec(BuiltinOrUser):
     """A built-in callback by ``name`` or a ``transformers.TrainerCallback`` subclass by ``cls: module:Class``."""
 
-    name: Optional[Literal["early_stopping"]] = Field(None, description="Built-in callback.")
+    name: Optional[Literal[BUILTIN_CALLBACKS]] = Field(None, description="Built-in callback.")
     cls: Optional[StrictStr] = Field(None, description="`module:Class` of a TrainerCallback subclass.")
     patience: PositiveInt = Field(3, description="early_stopping: evaluations without improvement before stopping.")
     threshold: Union[int, float] = Field(0.0, ge=0, description="early_stopping: least improvement that counts.")

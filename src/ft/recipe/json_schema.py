@@ -6,7 +6,8 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
-from .schema import METHODS, recipe_model
+from .methods import METHODS
+from .schema import recipe_model
 
 
 def recipe_json_schema() -> dict:

@@ -17,16 +17,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import Problem, RecipeError, did_you_mean
-from .methods import moved_to_method_section
+from .methods import METHODS, moved_to_method_section
 from .rules import check_rules
-from .schema import METHODS, RecipeBase, recipe_model
+from .schema import Recipe, recipe_model
 from .train_section import MOVED
 from .yaml_io import Locations, YamlSyntaxError, load_yaml, parse_scalar
 
 
 @dataclass(frozen=True)
 class LoadedRecipe:
-    recipe: RecipeBase
+    recipe: Recipe
     warnings: list[Problem]
     source: Path
     locations: Locations
@@ -120,9 +120,9 @@ def _apply_set(raw: dict, locations: Locations, item: str, source: str) -> None:
     locations[tuple(parts)] = where
 
 
-def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "") -> tuple[RecipeBase, list[Problem]]:
-    method = raw.get("method", "sft")
-    if method not in METHODS:
+def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "") -> tuple[Recipe, list[Problem]]:
+    method = "sft" if raw.get("method") is None else raw["method"]  # `method: null` is the default too
+    if not isinstance(method, str) or method not in METHODS:
         hint = did_you_mean(method, METHODS)
         raise RecipeError([Problem("method", f"got {method!r}; allowed: {', '.join(METHODS)}.{hint}",
                                    locations.get(("method",), ""))], source)

@@ -1,22 +1,29 @@
-"""One recipe section per method that needs its own settings (``dpo:``, ``grpo:``, ``kto:``, ``orpo:``).
+"""The training methods: one declarative table (``METHODS``), and the sections of the methods that have settings
+of their own (``dpo:``, ``grpo:``, ``kto:``, ``orpo:``).
 
-Each section's fields map onto the method's TRL config fields (``CONFIG_FIELDS``); those TRL fields
-are then rejected under ``train:`` with a pointer here, so every setting has exactly one home.
-Defaults are TRL's own, read from the generated field table.
+``METHODS`` is what the rest of ft knows about a method: the recipe schema (``method:`` and the method sections),
+the rules (which data formats it trains on), the data pipeline (whether ft tokenizes its rows) and
+``scripts/gen_train_fields.py`` (its TRL config class) all read it. Its trainer is built by the module named
+after it, ``ft.trainers.<method>``.
+
+Each section's fields map onto the method's TRL config fields (``CONFIG_FIELDS``): those TRL fields are rejected
+under ``train:`` with a pointer to the section, so every setting has exactly one home, and the method's builder
+in ``ft.trainers`` passes each one on. Defaults are TRL's own, read from the generated field table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictStr, field_validator
 
 from .base import Section, resolve_input_path
 from .hooks import BuiltinOrUser, check_reference
+from .names import BUILTIN_REWARDS
 from .train_section import method_fields
 
 Number = Union[int, float]
-BUILTIN_REWARDS = ("exact_match", "numeric_match", "format", "length_penalty")
 
 
 def trl_default(method: str, name: str):
@@ -24,10 +31,12 @@ def trl_default(method: str, name: str):
 
 
 class MethodSection(Section):
-    CONFIG_FIELDS: ClassVar[dict[str, str]] = {}  # section field -> TRL config field
+    """A method's own settings. ``CONFIG_FIELDS`` (section field -> TRL config field) are the TRL fields it owns:
+    they are refused under ``train:`` with a pointer here, and the method's builder passes each one on.
+    ``CONFIG_MOVED`` names more TRL fields refused under ``train:`` whose value comes from elsewhere."""
 
-    def config_args(self) -> dict[str, Any]:
-        return {trl: getattr(self, field) for field, trl in self.CONFIG_FIELDS.items()}
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {}
+    CONFIG_MOVED: ClassVar[dict[str, str]] = {}
 
 
 class DpoSection(MethodSection):
@@ -97,15 +106,31 @@ class OrpoSection(MethodSection):
     beta: Number = Field(trl_default("orpo", "beta"), gt=0, description="ORPO lambda (odds-ratio weight).")
 
 
-METHOD_SECTIONS: dict[str, type[MethodSection]] = {
-    "dpo": DpoSection, "grpo": GrpoSection, "kto": KtoSection, "orpo": OrpoSection,
+@dataclass(frozen=True)
+class Method:
+    """What ft knows about one training method (its trainer is built by ``ft.trainers.<name>``)."""
+
+    section: type[MethodSection] | None  # its own recipe section, named after the method; None: no settings
+    formats: frozenset[str]  # the data formats (``data.*.format``) it trains on
+    config: str  # its TRL config class, ``module:Class`` (imported only by ``ft train`` and the field generator)
+    ft_tokenizes: bool  # True: ft tokenizes and masks the rows itself; False: TRL's trainer tokenizes canonical rows
+
+
+_PREFERENCE = frozenset({"preference"})
+METHODS: dict[str, Method] = {
+    "sft": Method(None, frozenset({"chat", "instruction", "text"}), "trl:SFTConfig", ft_tokenizes=True),
+    "dpo": Method(DpoSection, _PREFERENCE, "trl:DPOConfig", ft_tokenizes=False),
+    "grpo": Method(GrpoSection, frozenset({"prompt"}), "trl:GRPOConfig", ft_tokenizes=False),
+    "kto": Method(KtoSection, _PREFERENCE, "trl:KTOConfig", ft_tokenizes=False),
+    "orpo": Method(OrpoSection, _PREFERENCE, "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False),
 }
+METHOD_SECTIONS: dict[str, type[MethodSection]] = {name: m.section for name, m in METHODS.items() if m.section}
 
 
 def moved_to_method_section(method: str) -> dict[str, str]:
     """TRL config field -> the method-section key that replaces it under ``train:``."""
-    section = METHOD_SECTIONS.get(method)
+    section = METHODS[method].section
     if section is None:
         return {}
     moved = {trl: f"{method}.{field}" for field, trl in section.CONFIG_FIELDS.items()}
-    return {**moved, **getattr(section, "CONFIG_MOVED", {})}
+    return {**moved, **section.CONFIG_MOVED}

@@ -21,7 +21,6 @@ class Traits:
     layerwise: bool = False  # updates during backward: one process, no clipping, no DeepSpeed
     needs_target_modules: bool = False  # GaLore/APOLLO project only the named modules
     schedule_free: bool = False  # pairs with a constant schedule
-    fused_update: bool = False  # LOMO/AdaLomo fuse the gradient step into the update
 
 
 _BNB = Traits(package="bitsandbytes")  # 8-bit and paged optimizers run on CPU too (paged falls back)
@@ -39,8 +38,8 @@ TRAITS: dict[str, Traits] = {
     "galore_adamw_8bit_layerwise": Traits("galore-torch", cuda_only=True, layerwise=True, needs_target_modules=True),
     "apollo_adamw": Traits("apollo-torch", needs_target_modules=True),
     "apollo_adamw_layerwise": Traits("apollo-torch", layerwise=True, needs_target_modules=True),
-    "lomo": Traits("lomo-optim", fused_update=True),
-    "adalomo": Traits("lomo-optim", cuda_only=True, fused_update=True),
+    "lomo": Traits("lomo-optim"),
+    "adalomo": Traits("lomo-optim", cuda_only=True),
     "grokadamw": Traits("grokadamw"),
     "schedule_free_adamw": Traits("schedulefree", schedule_free=True),
     "schedule_free_radam": Traits("schedulefree", schedule_free=True),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .schema import RecipeBase
+from .schema import Recipe
 from .yaml_io import dump_yaml
 
 # names of credentials, not of vocabulary tokens (eos_token, max_new_tokens stay visible)
@@ -26,12 +26,12 @@ def redact(value, key: str = ""):
     return value
 
 
-def resolved_dict(recipe: RecipeBase) -> dict:
+def resolved_dict(recipe: Recipe) -> dict:
     """All sections with their defaults; ``train:`` only with the keys the recipe set."""
     data = recipe.model_dump(mode="json", exclude={"train"})
     data["train"] = recipe.train_args
     return data
 
 
-def resolved_recipe_yaml(recipe: RecipeBase) -> str:
+def resolved_recipe_yaml(recipe: Recipe) -> str:
     return dump_yaml(redact(resolved_dict(recipe)))

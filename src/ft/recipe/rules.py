@@ -12,21 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .errors import Problem
-from .methods import METHOD_SECTIONS
+from .methods import METHOD_SECTIONS, METHODS
 from .optimizers import traits
 from .train_section import method_fields
 
 Rule = Callable[[object], list[Problem]]
 RULES: list[Rule] = []
-
-# method -> data formats it can train on
-METHOD_FORMATS = {
-    "sft": {"chat", "instruction", "text"},
-    "dpo": {"preference"},
-    "kto": {"preference"},
-    "orpo": {"preference"},
-    "grpo": {"prompt"},
-}
 
 
 def rule(fn: Rule) -> Rule:
@@ -231,7 +222,7 @@ def quantization_needs_adapter(recipe) -> list[Problem]:
 def data_formats_fit_method(recipe) -> list[Problem]:
     """Each method reads one family of formats (SFT: chat/instruction/text; DPO/KTO/ORPO: preference;
     GRPO: prompt)."""
-    allowed = METHOD_FORMATS[recipe.method]
+    allowed = METHODS[recipe.method].formats
     return [
         Problem(f"data.{split}.{i}.format", f"`{source.format}` data cannot train method `{recipe.method}`; "
                 f"use one of: {', '.join(sorted(allowed))}.")
@@ -294,8 +285,8 @@ def metrics_need_eval_data(recipe) -> list[Problem]:
 @rule
 def sft_only_data_settings(recipe) -> list[Problem]:
     """Preference and prompt data are tokenized by TRL's trainers, which truncate their own way and put the
-    loss on completions only: these SFT data settings would be silently ignored."""
-    if recipe.method == "sft":
+    loss on completions only: these settings of ft's tokenizer would be silently ignored."""
+    if METHODS[recipe.method].ft_tokenizes:
         return []
     data, ignored = recipe.data, []
     if data.truncation != "truncate":

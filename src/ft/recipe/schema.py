@@ -14,12 +14,11 @@ from pydantic import ConfigDict, Field, PositiveInt, StrictBool, StrictStr, crea
 
 from .base import Section, resolve_input_path
 from .hooks import HooksMixin
-from .methods import METHOD_SECTIONS, DpoSection, GrpoSection, KtoSection, OrpoSection, moved_to_method_section
+from .methods import METHODS, moved_to_method_section
+from .names import FORMATS
 from .optimizers import optimizer_names, scheduler_names
 from .train_section import train_section_model
 
-METHODS = ("sft", "dpo", "grpo", "kto", "orpo")
-FORMATS = ("chat", "instruction", "text", "preference", "prompt")
 Number = Union[int, float]
 
 
@@ -141,22 +140,22 @@ class SchedulerSection(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
 
 
-class RecipeBase(HooksMixin):
-    method: Literal[METHODS] = Field("sft", description="Training method: " + ", ".join(METHODS) + ".")
+class Recipe(HooksMixin):
+    """The sections every recipe has. A recipe is an instance of ``recipe_model(method)``: these sections plus the
+    method's ``train:`` fields and one optional section per method that has settings (``dpo:``, ``grpo:``, …)."""
+
+    method: Literal[tuple(METHODS)] = Field("sft", description="Training method: " + ", ".join(METHODS) + ".")
     model: ModelSection
     adapter: AdapterSection | None = None
     data: DataSection
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
-    dpo: Optional[DpoSection] = Field(None, description="DPO settings (method: dpo only).")
-    grpo: Optional[GrpoSection] = Field(None, description="GRPO settings (method: grpo only).")
-    kto: Optional[KtoSection] = Field(None, description="KTO settings (method: kto only).")
-    orpo: Optional[OrpoSection] = Field(None, description="ORPO settings (method: orpo only).")
 
     @property
     def method_section(self):
-        """This method's own section (``dpo:`` for DPO, …), or None."""
-        return getattr(self, self.method, None) if self.method in METHOD_SECTIONS else None
+        """This method's own section (``dpo:`` for DPO, …), or None when the method has none or the recipe left it
+        out (the builders then use the section's defaults)."""
+        return getattr(self, self.method, None)
 
     @property
     def train_args(self) -> dict[str, Any]:
@@ -165,15 +164,16 @@ class RecipeBase(HooksMixin):
 
 
 @cache
-def recipe_model(method: str) -> type[RecipeBase]:
-    """The Recipe class for one method: the common sections plus that method's ``train:`` fields."""
+def recipe_model(method: str) -> type[Recipe]:
+    """The Recipe class for one method: the common sections, every method's section (a section of another
+    method is refused by a rule, with a clearer message than "unknown key") and that method's ``train:``."""
     train = train_section_model(method, tuple(sorted(moved_to_method_section(method).items())))
+    sections = {name: (Optional[m.section], Field(None, description=f"{name.upper()} settings (method: {name} only)."))
+                for name, m in METHODS.items() if m.section is not None}
     return create_model(
         f"{method.upper()}Recipe",
-        __base__=RecipeBase,
+        __base__=Recipe,
         method=(Literal[method], Field(method, description="Training method.")),
+        **sections,
         train=(train, Field(default_factory=train, description="Trainer settings (TrainingArguments/TRL names).")),
     )
-
-
-Recipe = RecipeBase  # the type builders annotate with; instances are of a recipe_model(method) class

@@ -1,5 +1,9 @@
-"""Trainer classes by method, and how a recipe becomes their config."""
+"""Trainers: one module per method (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``), built from the recipe.
 
-from .registry import TRAINERS, build_trainer, check_plugins
+Importing this package imports no TRL: ``build_trainer`` imports the chosen method's module when it builds.
+"""
 
-__all__ = ["TRAINERS", "build_trainer", "check_plugins"]
+from .build import TrainerInputs, build_trainer
+from .hooks import Hooks, resolve_hooks
+
+__all__ = ["Hooks", "TrainerInputs", "build_trainer", "resolve_hooks"]

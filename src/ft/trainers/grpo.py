@@ -4,11 +4,12 @@ recipe's rewards (``ft.rewards``). TRL tokenizes, generates and batches; ft adds
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from ..recipe import Recipe
-from ..rewards import reward_functions, reward_weights
+from .build import TrainerInputs, trainer_kwargs, trl_config
 from .mixin import FtTrainerMixin
 
 
@@ -45,30 +46,42 @@ class FtGRPOTrainer(FtTrainerMixin, GRPOTrainer):
         return inputs
 
 
-def data_args(recipe: Recipe) -> dict:
-    """GRPOConfig settings that come from the recipe outside the ``grpo:`` field mapping.
 
-    - ``reward_weights``: TRL reads the weights from the config (``GRPOConfig.reward_weights``), and the config
-      is built before the constructor kwargs; the weights live in the recipe (``grpo.rewards[].weight``), so
-      they are set here with the config rather than patched onto it later. The functions themselves go to
-      the constructor (``trainer_kwargs``).
-    - ``remove_unused_columns: False`` (TRL's GRPO default, restated): the rows' other fields (``answer``, …)
-      must reach the reward functions.
-    - ``trust_remote_code``: TRL loads the reference model itself (``grpo.beta > 0`` without an adapter) with
-      this flag; it follows ``model.trust_remote_code``.
+def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
+    """The ``grpo:`` section, and what else GRPO reads from the recipe:
+
+    - ``reward_weights``: TRL reads them from the config (``GRPOConfig.reward_weights``), which is built before the
+      trainer; they live in the recipe as ``grpo.rewards[].weight``. The functions go to the constructor.
+    - ``remove_unused_columns: False`` (TRL's GRPO default, restated): the rows' other fields (``answer``, …) must
+      reach the reward functions.
+    - ``trust_remote_code``: TRL loads the reference model itself (``grpo.beta > 0`` without an adapter) with this
+      flag; it follows ``model.trust_remote_code``. Likewise ``model.revision``, through ``model_init_kwargs``,
+      for a pretrained model (TRL then warns that the policy ignores model_init_kwargs: it does, ft loaded it
+      already with that revision).
 
     GRPO in this TRL has no prompt-length setting (``max_prompt_length`` is gone): prompts are used whole and
     ``data.max_length`` does not apply; ``grpo.max_completion_length`` bounds the completions.
     """
-    args = {"reward_weights": reward_weights(recipe), "remove_unused_columns": False,
-            "trust_remote_code": recipe.model.trust_remote_code}
-    if recipe.model.revision and recipe.model.init == "pretrained" and recipe.grpo.beta != 0 and not recipe.adapter:
-        # the reference loads the same revision (TRL then warns that the policy ignores model_init_kwargs: it does,
-        # ft loaded it already with that revision)
-        args["model_init_kwargs"] = {"revision": recipe.model.revision}
-    return args
+    grpo, model = recipe.grpo, recipe.model
+    reference_loads = grpo.beta != 0 and recipe.adapter is None
+    revision = model.revision if model.init == "pretrained" and reference_loads else None
+    return trl_config(
+        GRPOConfig, recipe, defaults,
+        num_generations=grpo.num_generations,
+        max_completion_length=grpo.max_completion_length,
+        steps_per_generation=grpo.steps_per_generation,
+        generation_batch_size=grpo.generation_batch_size,
+        temperature=grpo.temperature,
+        top_p=grpo.top_p,
+        top_k=grpo.top_k,
+        beta=grpo.beta,
+        reward_weights=[float(spec.weight) for spec in grpo.rewards],
+        remove_unused_columns=False,
+        trust_remote_code=model.trust_remote_code,
+        model_init_kwargs={"revision": revision} if revision else None,
+    )
 
 
-def trainer_kwargs(ctx) -> dict:
-    functions, _weights = reward_functions(ctx.recipe, ctx.base_dir)  # the weights went into the config
-    return {"reward_funcs": functions, "reference_snapshot": ctx.recipe.model.init == "random"}
+def build(recipe: Recipe, inputs: TrainerInputs) -> FtGRPOTrainer:
+    return FtGRPOTrainer(reward_funcs=list(inputs.hooks.rewards), reference_snapshot=recipe.model.init == "random",
+                         **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))

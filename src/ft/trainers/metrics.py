@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-IGNORE = -100
+from ..labels import IGNORE_INDEX
 
 
 def reduce_logits(logits, labels):
@@ -30,7 +30,7 @@ def _shifted(eval_pred):
     targets = labels[:, 1:]
     width = min(reduced.shape[1], targets.shape[1])
     reduced, targets = reduced[:, :width], targets[:, :width]
-    keep = targets != IGNORE
+    keep = targets != IGNORE_INDEX
     return np.asarray(reduced), targets, keep
 
 

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from transformers import Trainer
-from trl import SFTTrainer
+from trl import SFTConfig, SFTTrainer
 
+from ..labels import IGNORE_INDEX
 from ..recipe import Recipe
-from .loss import resolve_loss
+from .build import TrainerInputs, trainer_kwargs, trl_config
 from .metrics import metric_kwargs
 from .mixin import FtTrainerMixin
+
+
+def config(recipe: Recipe, defaults: Mapping[str, object]) -> SFTConfig:
+    """ft hands SFTTrainer tokenized rows (input_ids, labels carrying the loss mask, length): TRL skips its own
+    preparation except packing, and keeps the length column for the length-aware samplers."""
+    data = recipe.data
+    return trl_config(
+        SFTConfig, recipe, defaults,
+        max_length=data.max_length,
+        packing=data.packing,
+        dataset_kwargs={"skip_prepare_dataset": not data.packing},
+        remove_unused_columns=False,
+    )
+
+
+def build(recipe: Recipe, inputs: TrainerInputs) -> FtSFTTrainer:
+    return FtSFTTrainer(compute_loss_func=inputs.hooks.loss, **metric_kwargs(recipe.metrics),
+                        **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
 
 
 class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
@@ -40,7 +61,7 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False)
         if num_items_in_batch is None:
-            num_items_in_batch = (labels[..., 1:] != -100).sum()  # targets after the causal shift
+            num_items_in_batch = (labels[..., 1:] != IGNORE_INDEX).sum()  # targets after the causal shift
         loss = self.compute_loss_func(outputs, labels, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
@@ -73,7 +94,7 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
     def _record_token_metrics(self, logits, inputs) -> None:
         mode = "train" if self.model.training else "eval"
         logits, targets = logits[:, :-1], inputs["labels"][:, 1:]
-        mask = targets != -100
+        mask = targets != IGNORE_INDEX
         gather = self.accelerator.gather_for_metrics
         num_valid = gather(mask.sum()).sum()
         entropy_sum = gather(_entropy_sum(logits, mask)).sum()
@@ -100,21 +121,3 @@ def _entropy_sum(logits, mask, elements: int = 2**25):
         total += (-(log_probs.exp() * log_probs).sum(-1) * keep[start:start + rows]).sum()
     return total
 
-
-def data_args(recipe: Recipe) -> dict:
-    """ft hands SFTTrainer tokenized rows (input_ids, labels with the loss mask, length): TRL skips its own
-    preparation, except packing, and the length column survives for the length-aware samplers."""
-    data = recipe.data
-    return {
-        "max_length": data.max_length,
-        "packing": data.packing,
-        "dataset_kwargs": {"skip_prepare_dataset": not data.packing},
-        "remove_unused_columns": False,
-    }
-
-
-def trainer_kwargs(ctx) -> dict:
-    kwargs = metric_kwargs(ctx.recipe.metrics)
-    if ctx.recipe.loss:
-        kwargs["compute_loss_func"] = resolve_loss(ctx.recipe, ctx.base_dir)
-    return kwargs

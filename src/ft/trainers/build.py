@@ -1,0 +1,92 @@
+"""From a validated recipe to a trainer: what every method's builder shares.
+
+Each method has one module named after it (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``) with two plain functions:
+``config(recipe, defaults)`` builds the method's TRL config keyword by keyword, and ``build(recipe, inputs)``
+returns the trainer. ``build_trainer`` imports only the chosen method's module, so TRL is imported only when
+``ft train`` builds a trainer.
+
+Every TRL config follows one precedence rule (``trl_config``):
+
+1. The recipe's own values win. They are its ``train:`` keys, verbatim, and what the method's builder derives from
+   the other sections (optimizer, scheduler, data, the method's own section). The schema gives each TRL field one
+   home (a field a section owns is refused under ``train:``), so the two rarely name the same field; where they do
+   (``train.remove_unused_columns``, ``train.max_grad_norm: 0`` with a layerwise optimizer), ``train:`` wins.
+2. ``defaults``, ft's choices for this machine (``ft.hardware.device_defaults``, JIT checkpointing), fill only the
+   fields the recipe left unset.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..models import lora_config
+from ..recipe import Recipe
+from ..recipe.optimizers import traits
+from .hooks import Hooks
+
+
+@dataclass(frozen=True)
+class TrainerInputs:
+    """What ``ft.run`` has made ready for the trainer; the recipe says how to use it."""
+
+    model: object
+    tokenizer: object
+    train_dataset: object
+    eval_dataset: object | None
+    hooks: Hooks  # the recipe's user and built-in code, resolved once before the model loaded
+    defaults: Mapping[str, object] = field(default_factory=dict)  # ft's machine defaults (rule 2 above)
+    callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
+
+
+def build_trainer(recipe: Recipe, inputs: TrainerInputs):
+    """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``."""
+    return importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
+
+
+def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **from_sections):
+    """``config_class`` (a TRL config) by the precedence rule above. ``from_sections`` are the method's own
+    mappings of the recipe's sections; the optimizer and scheduler sections are mapped here, alike for all."""
+    own = {**optimizer_kwargs(recipe), **scheduler_kwargs(recipe), **from_sections, **recipe.train_args}
+    return config_class(**{key: value for key, value in defaults.items() if key not in own}, **own)
+
+
+def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
+    """The constructor arguments every TRL trainer takes."""
+    return {
+        "model": inputs.model,
+        "args": config,
+        "train_dataset": inputs.train_dataset,
+        "eval_dataset": inputs.eval_dataset,
+        "processing_class": inputs.tokenizer,
+        "peft_config": lora_config(recipe.adapter),
+        "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
+    }
+
+
+def optimizer_kwargs(recipe: Recipe) -> dict:
+    """``optimizer:`` in TrainingArguments' names. Only what the recipe set: unset values keep the method's TRL
+    default (DPO's learning rate differs from SFT's)."""
+    opt = recipe.optimizer
+    kwargs = {"optim": opt.name}
+    optional = {"learning_rate": opt.lr, "weight_decay": opt.weight_decay, "adam_epsilon": opt.eps}
+    if opt.betas is not None:
+        optional.update(adam_beta1=opt.betas[0], adam_beta2=opt.betas[1])
+    kwargs.update({key: value for key, value in optional.items() if value is not None})
+    if opt.args:
+        kwargs["optim_args"] = ",".join(f"{k}={v}" for k, v in opt.args.items())
+    if opt.target_modules:
+        kwargs["optim_target_modules"] = list(opt.target_modules)
+    if traits(opt.name).layerwise:
+        kwargs["max_grad_norm"] = 0.0  # layerwise updates happen inside backward: nothing is left to clip
+    return kwargs
+
+
+def scheduler_kwargs(recipe: Recipe) -> dict:
+    """``scheduler:`` in TrainingArguments' names."""
+    sched = recipe.scheduler
+    kwargs = {"lr_scheduler_type": sched.type, "warmup_steps": sched.warmup_steps}
+    if sched.kwargs:
+        kwargs["lr_scheduler_kwargs"] = dict(sched.kwargs)
+    return kwargs

@@ -1,0 +1,36 @@
+"""DPO: TRL's DPOTrainer on canonical ``prompt``/``chosen``/``rejected`` rows, which TRL tokenizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trl import DPOConfig, DPOTrainer
+
+from ..recipe import Recipe
+from ..recipe.methods import DpoSection
+from .build import TrainerInputs, trainer_kwargs, trl_config
+from .mixin import FtTrainerMixin
+from .reference import reference_model
+
+
+class FtDPOTrainer(FtTrainerMixin, DPOTrainer):
+    """DPOTrainer with ft's token accounting (see FtTrainerMixin)."""
+
+
+def config(recipe: Recipe, defaults: Mapping[str, object]) -> DPOConfig:
+    """TRL tokenizes preference rows, so ft's length limit and process count go to it (``data.truncation`` and
+    ``data.train_on`` do not apply: TRL truncates by its ``truncation_mode`` and puts the loss on completions)."""
+    dpo = recipe.dpo or DpoSection()
+    return trl_config(
+        DPOConfig, recipe, defaults,
+        max_length=recipe.data.max_length,
+        dataset_num_proc=recipe.data.num_proc,
+        beta=dpo.beta,
+        loss_type=list(dpo.loss_type),
+    )
+
+
+def build(recipe: Recipe, inputs: TrainerInputs) -> FtDPOTrainer:
+    explicit = recipe.dpo.ref_model if recipe.dpo is not None else None
+    return FtDPOTrainer(ref_model=reference_model(recipe, inputs.model, explicit),
+                        **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))

@@ -1,0 +1,43 @@
+"""The code a recipe plugs into its trainer (``loss:``, ``callbacks:``, ``grpo.rewards``), resolved once.
+
+``resolve_hooks`` runs at the start of ``ft train``, before any model loads: a missing module, a typo in a name, a
+wrong signature or bad arguments is a ``PluginError`` naming the recipe key (exit code 2). What it returns is what
+the trainer gets: nothing is imported or constructed a second time. It imports neither TRL nor transformers'
+Trainer (callbacks import ``transformers.TrainerCallback`` only when the recipe names some).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..plugins import check_signature, resolve
+from ..recipe import Recipe
+from ..rewards import reward_functions
+from .callbacks import build_callbacks
+
+
+@dataclass(frozen=True)
+class Hooks:
+    loss: Callable | None = None  # SFT's compute_loss_func
+    callbacks: tuple = ()  # TrainerCallback objects, in recipe order
+    rewards: tuple = ()  # GRPO reward functions, in recipe order (their weights stay in the recipe)
+
+
+def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
+    """Import, check and build everything the recipe names (``base_dir``, the recipe's folder, is importable)."""
+    grpo = getattr(recipe, "grpo", None)
+    return Hooks(
+        loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
+        callbacks=tuple(build_callbacks(recipe, base_dir)),
+        rewards=tuple(reward_functions(grpo.rewards, base_dir)) if grpo is not None else (),
+    )
+
+
+def resolve_loss(reference: str, base_dir: Path) -> Callable:
+    """``loss: module:function``, checked against the documented signature
+    ``compute_loss_func(outputs, labels, num_items_in_batch)``."""
+    loss = resolve(reference, "loss", base_dir)
+    check_signature(loss, "loss", ("outputs", "labels", "num_items_in_batch"), positional=True)
+    return loss

@@ -1,0 +1,30 @@
+"""The reference model of DPO and KTO (TRL 1.16 behaviour, read from its source).
+
+- ``dpo.ref_model`` set: that model is loaded (``ft.models.load_reference_model``) and passed in.
+- a LoRA adapter (``adapter:``): no reference model is passed. TRL wraps the model with the adapter itself and,
+  finding ``ref_model is None`` on a PEFT model, keeps ``trainer.ref_model = None`` and computes the reference
+  log-probs under ``use_adapter(model, None)``, i.e. ``model.disable_adapter()``: the base model, which is the
+  starting model since a fresh LoRA adapter starts as a no-op.
+- ``train.precompute_ref_log_probs: true``: none either; TRL computes the reference log-probs with the model
+  itself before the first step and keeps no reference model in memory.
+- otherwise: a frozen copy of the starting model, made here. Left to itself TRL would reload the reference from
+  ``model.config._name_or_path``, which for ``model.init: random`` names a directory with a config and no weights
+  (it fails, or would load different weights), and costs a second load otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..models import load_reference_model
+from ..recipe import Recipe
+
+
+def reference_model(recipe: Recipe, model, explicit: str | None = None):
+    """The reference model for ``model`` (None: TRL's own handling, as above); ``explicit`` is ``dpo.ref_model``."""
+    if explicit:
+        return load_reference_model(explicit, recipe.model)
+    if recipe.adapter is not None or recipe.train_args.get("precompute_ref_log_probs"):
+        return None
+    # what trl.experimental.utils.create_reference_model does with no shared layers, without the experimental import
+    return copy.deepcopy(model).requires_grad_(False).eval()
