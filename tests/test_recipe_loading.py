@@ -122,3 +122,96 @@ def test_training_writes_the_redacted_recipe(write_recipe, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = (out / "recipe.yaml").read_text()
     assert "hf_secret123" not in written and yaml.safe_load(written)["train"]["max_steps"] == 1
+
+
+def unquoted(recipe: dict) -> str:
+    """The recipe as people write it: ``no`` without the quotes yaml.safe_dump puts around it."""
+    return yaml.safe_dump(recipe, sort_keys=False).replace("'no'", "no")
+
+
+def test_no_yes_on_off_are_strings_as_in_yaml_1_2(write_recipe, tmp_path):
+    path = write_recipe(unquoted(tiny_sft(tmp_path / "out", eval_strategy="no", logging_strategy="steps")))
+    assert "eval_strategy: no\n" in path.read_text() and "save_strategy: no\n" in path.read_text()
+    args = load_recipe(path).recipe.train_args
+    assert args["eval_strategy"] == "no" and args["save_strategy"] == "no"
+    args = load_recipe(path, ["train.eval_strategy=steps", "train.save_strategy=steps"]).recipe.train_args
+    assert args["eval_strategy"] == "steps"
+    args = load_recipe(path, ["train.eval_strategy=no", "train.save_strategy=no"]).recipe.train_args
+    assert args["eval_strategy"] == "no" and args["save_strategy"] == "no"
+    assert load_recipe(path, ["data.packing=true"]).recipe.data.packing is True  # true/false stay booleans
+    result = run_ft("validate", str(path), "--set", "train.eval_strategy=no", "--set", "train.logging_strategy=no")
+    assert result.returncode == 0, result.stderr
+    assert "eval_strategy: 'no'" in result.stdout and "logging_strategy: 'no'" in result.stdout
+
+
+def test_yes_on_a_true_false_key_says_to_write_true_or_false(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["data"]["packing"] = "PLACEHOLDER"
+    path = write_recipe(yaml.safe_dump(recipe, sort_keys=False).replace("PLACEHOLDER", "yes"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    (problem,) = info.value.problems
+    assert problem.path == "data.packing" and "'yes'" in problem.message
+    assert "`true` or `false`" in problem.message
+    assert problem.where == f"{path}:{path.read_text().splitlines().index('  packing: yes') + 1}"
+    with pytest.raises(RecipeError, match="`true` or `false`") as info:
+        load_recipe(path, ["data.packing=false", "train.bf16=on"])
+    assert [p.path for p in info.value.problems] == ["train.bf16"]
+
+
+def test_a_boolean_on_a_string_key_says_to_quote_it(write_recipe, tmp_path):
+    path = write_recipe(tiny_sft(tmp_path / "out"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["train.eval_strategy=false", "data.train.0.split=true"])
+    found = {p.path: p.message for p in info.value.problems}
+    assert set(found) == {"train.eval_strategy", "data.train.0.split"}
+    assert "got False; allowed: no, steps, epoch." in found["train.eval_strategy"]
+    assert all("quote the value" in message for message in found.values())
+
+
+def test_null_means_the_default(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out", bf16=None)
+    recipe["data"]["eval"] = None
+    recipe["optimizer"] = None
+    path = write_recipe(recipe)
+    loaded = load_recipe(path).recipe
+    assert loaded.data.eval == [] and not loaded.data.has_eval
+    assert loaded.optimizer.name == "adamw_torch" and loaded.optimizer.lr is None
+    assert "bf16" not in loaded.train_args  # unset: ft picks bf16 for the machine, TRL gets nothing
+    full = write_recipe(tiny_sft(tmp_path / "out", eval_strategy="steps"), name="full.yaml")
+    assert load_recipe(full).recipe.data.has_eval
+    loaded = load_recipe(full, ["data.eval=null", "train.eval_strategy=null", "data.max_length=null"]).recipe
+    assert loaded.data.eval == [] and loaded.data.max_length == 1024
+    assert "eval_strategy" not in loaded.train_args and "eval_strategy" not in loaded.train.model_fields_set
+    (tmp_path / "child.yaml").write_text("extends: full.yaml\ndata: {eval: null}\ntrain: {eval_strategy: null}\n")
+    loaded = load_recipe(tmp_path / "child.yaml").recipe  # null takes the base's value away
+    assert not loaded.data.has_eval and "eval_strategy" not in loaded.train_args
+
+
+def test_nulls_inside_free_form_maps_are_values(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["optimizer"]["args"] = {"foo": None}
+    recipe["scheduler"] = {"type": "linear", "kwargs": {"bar": None}}
+    recipe["callbacks"] = [{"cls": "my_callbacks:Logger", "kwargs": {"level": None}}]
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    assert loaded.optimizer.args == {"foo": None} and loaded.scheduler.kwargs == {"bar": None}
+    assert loaded.callbacks[0].kwargs == {"level": None}
+    with pytest.raises(RecipeError) as info:  # a column name mapped to null is no mapping
+        load_recipe(write_recipe(recipe), ["data.train.0.fields={messages: null}"])
+    assert [p.path for p in info.value.problems] == ["data.train.0.fields.messages"]
+
+
+def test_null_on_a_required_key_says_it_is_required(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["model"]["name"] = None
+    recipe["data"]["packin"] = None  # a misspelt key stays an error, null or not
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    found = {p.path: p for p in info.value.problems}
+    assert set(found) == {"model.name", "data.packin"}
+    assert "required" in found["model.name"].message and "null" in found["model.name"].message
+    assert found["model.name"].where == f"{path}:{path.read_text().splitlines().index('  name: null') + 1}"
+    assert "unknown key" in found["data.packin"].message
+    with pytest.raises(RecipeError, match="data: is required and cannot be null"):
+        load_recipe(write_recipe(tiny_sft(tmp_path / "out")), ["data=null"])

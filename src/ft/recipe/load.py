@@ -76,8 +76,10 @@ def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locati
 
 def _default_output_dir(raw: dict, path: Path) -> None:
     """``train.output_dir`` defaults to ``runs/<recipe file name>`` under the working directory."""
-    train = raw.setdefault("train", {})
-    if isinstance(train, dict) and "output_dir" not in train:
+    if raw.get("train") is None:  # `train: null` means no train settings, like a missing section
+        raw["train"] = {}
+    train = raw["train"]
+    if isinstance(train, dict) and train.get("output_dir") is None:
         train["output_dir"] = str(Path("runs") / path.stem)
 
 
@@ -160,14 +162,32 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
         return Problem(dotted, f"unknown key.{did_you_mean(loc[-1], allowed)} Allowed here: "
                                f"{_short_list(allowed)}.", where)
     if kind == "missing":
-        return Problem(dotted, "is required but missing; add it to the recipe.", where or _where("", locations))
+        written = loc in locations  # as `key: null`, which leaves the key unset
+        fix = "and cannot be null; give it a value" if written else "but missing; add it to the recipe"
+        return Problem(dotted, f"is required {fix}.", where or _where("", locations))
     if kind == "literal_error":
         choices = re.findall(r"'([^']*)'|(\d+)", err["ctx"]["expected"])
         options = [a or b for a, b in choices]
-        return Problem(dotted, f"got {value!r}; allowed: {', '.join(options)}.{did_you_mean(value, options)}", where)
+        return Problem(dotted, f"got {value!r}; allowed: {', '.join(options)}.{did_you_mean(value, options)}"
+                               f"{_yaml_hint(err)}", where)
     if kind == "value_error":
         return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')} (got {value!r}).", where)
-    return Problem(dotted, f"{err['msg']} (got {value!r}).", where)
+    return Problem(dotted, f"{err['msg']} (got {value!r}).{_yaml_hint(err)}", where)
+
+
+_QUOTE_IT = (" Unquoted `true`/`false` is a YAML boolean, and this key takes a string: quote the value, "
+             "or write one of the strings the key allows.")
+_TRUE_FALSE = " Write `true` or `false` (recipes are read as YAML 1.2, where yes/no/on/off are strings)."
+
+
+def _yaml_hint(err: dict) -> str:
+    """The fix when YAML's typing of an unquoted value is the likely cause: a boolean where a string is
+    wanted (``eval_strategy: false``), or ``yes``/``no`` habits on a true/false key (``packing: yes``)."""
+    expected = str(err.get("ctx", {}).get("expected", ""))
+    wants_text = err["type"] == "string_type" or "'" in expected
+    if isinstance(err.get("input"), bool) and wants_text:
+        return _QUOTE_IT
+    return _TRUE_FALSE if err["type"] == "bool_type" else ""
 
 
 def _line_order(problem: Problem) -> tuple:

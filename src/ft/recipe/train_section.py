@@ -22,7 +22,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    model_validator,
 )
+
+from .base import drop_nulls
 
 TABLE_PATH = Path(__file__).with_name("train_fields.json")
 
@@ -104,6 +107,19 @@ def _annotation(name: str, spec: dict, moved: dict[str, str]):
     return Optional[tp] if spec.get("nullable") else tp
 
 
+class TrainSection(BaseModel):
+    """The base of each method's ``train:`` model (strictness is per field type). ``x: null`` leaves ``x``
+    unset, so it is not passed to TRL (``train_args`` holds only the fields set) and ft's own defaults for
+    unset keys (bf16, use_cpu, …) still apply."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        return drop_nulls(cls, data)
+
+
 @cache
 def train_section_model(method: str, moved_to_section: tuple[tuple[str, str], ...] = ()) -> type[BaseModel]:
     """A frozen Pydantic model whose fields are the method config's fields; all default to unset.
@@ -115,5 +131,4 @@ def train_section_model(method: str, moved_to_section: tuple[tuple[str, str], ..
         name: (_annotation(name, spec, moved), Field(default=None, description=_describe(spec)))
         for name, spec in sorted(method_fields(method).items())
     }
-    config = ConfigDict(extra="forbid", frozen=True)
-    return create_model(f"{method.upper()}TrainSection", __config__=config, **fields)
+    return create_model(f"{method.upper()}TrainSection", __base__=TrainSection, **fields)

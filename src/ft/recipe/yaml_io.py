@@ -1,7 +1,10 @@
-"""YAML reading that remembers where every key was written, and a float resolver that reads ``2e-4``.
+"""YAML reading that remembers where every key was written, with YAML 1.2 floats and booleans.
 
-PyYAML follows YAML 1.1, where ``2e-4`` (no dot) is a *string*; every ML user writes learning rates
-that way, so the YAML 1.2 float syntax is added here.
+PyYAML follows YAML 1.1, where ``2e-4`` (no dot) is a *string* and ``no``/``yes``/``on``/``off`` are
+*booleans*. Every ML user writes learning rates as ``2e-4``, and every transformers example writes
+``save_strategy="no"``, which people copy unquoted; so recipes are read with YAML 1.2's rules for both
+(the rules editors' YAML language servers use too): ``2e-4`` is a float, and only ``true``/``false``
+(``True``, ``TRUE``, ``False``, ``FALSE``) are booleans.
 """
 
 from __future__ import annotations
@@ -27,6 +30,19 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123
 for ch in "-+0123456789":
     resolvers = _Loader.yaml_implicit_resolvers.setdefault(ch, [])
     resolvers.sort(key=lambda r: r[0] != "tag:yaml.org,2002:int")
+
+
+def _yaml12_booleans(loader: type[yaml.SafeLoader]) -> None:
+    """Replace YAML 1.1's boolean resolver (yes/no/on/off too) with YAML 1.2's core one, so an unquoted
+    ``eval_strategy: no`` is the string the field allows, not ``False``."""
+    tag = "tag:yaml.org,2002:bool"
+    loader.yaml_implicit_resolvers = {  # a new table: SafeLoader's own stays YAML 1.1
+        first: [r for r in resolvers if r[0] != tag] for first, resolvers in loader.yaml_implicit_resolvers.items()
+    }
+    loader.add_implicit_resolver(tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+_yaml12_booleans(_Loader)
 
 
 class YamlSyntaxError(Exception):
@@ -66,7 +82,7 @@ def _walk(node, path: tuple, name: str, out: Locations) -> None:
 
 
 def parse_scalar(text: str):
-    """A ``--set`` value: parsed as a YAML scalar (``true``, ``1e-4``, ``[a, b]``, ``null``)."""
+    """A ``--set`` value, read like a value in a recipe file (``true``, ``no``, ``1e-4``, ``[a, b]``, ``null``)."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506
     except yaml.YAMLError:
