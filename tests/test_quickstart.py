@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -30,6 +31,16 @@ def test_loss_falls(quickstart_run):
     assert summary["first_eval_loss"] > 5.0
     assert summary["eval_loss"] < 0.5 * summary["first_eval_loss"]
     assert summary["train_seconds"] > 0
+
+
+def test_tokens_per_second_is_tokens_over_train_seconds(quickstart_run):
+    """The summary's throughput is measured over its train_seconds (the training call itself): not stretched by the
+    final evaluation and save that follow training, nor over a clock of its own."""
+    out, _ = quickstart_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] > 0 and summary["train_seconds"] > 0
+    # both are rounded (0.1 token/s, 1 ms): far below 0.1% over a run of seconds
+    assert math.isclose(summary["tokens_per_second"], summary["tokens"] / summary["train_seconds"], rel_tol=1e-3)
 
 
 def test_output_directory_layout(quickstart_run):

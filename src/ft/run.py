@@ -77,7 +77,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if checkpoints.stopped_by_sigterm(state.global_step, state.max_steps, sigterm.received):
         saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra=_extra(prepared, trainer))
+                                   final_eval=None, extra=_extra(prepared, trainer, seconds))
         summary["checkpoint"] = str(saved[-1]) if saved else None
         _write_report(output_dir, summary, state.log_history, main)
         say(f"ft: stopped by SIGTERM at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']}. "
@@ -87,7 +87,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval, extra=_extra(prepared, trainer))
+                               final_eval=final_eval, extra=_extra(prepared, trainer, seconds))
     _write_report(output_dir, summary, state.log_history, main)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)
@@ -118,6 +118,10 @@ def _silent(_message: str) -> None:
     """``say`` on the processes other than the main one."""
 
 
-def _extra(prepared: data.PreparedData, trainer) -> dict:
-    """summary.json beyond the losses: data counts, processes, and the main process's token counts."""
-    return {"data": prepared.stats, "world_size": trainer.args.world_size, **trainer.ft_stats()}
+def _extra(prepared: data.PreparedData, trainer, train_seconds: float) -> dict:
+    """summary.json beyond the losses: data counts, processes, and the main process's token counts. Its
+    ``tokens_per_second`` is ``tokens / train_seconds``, over the same clock as ``train_seconds`` (the log lines'
+    running figure counts from the first training batch instead)."""
+    stats = trainer.ft_stats()
+    stats["tokens_per_second"] = round(stats["tokens"] / train_seconds, 1) if train_seconds else None
+    return {"data": prepared.stats, "world_size": trainer.args.world_size, **stats}
