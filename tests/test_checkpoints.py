@@ -11,7 +11,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_ft, tiny_sft
+import torch
+from conftest import ASSETS, ROOT, run_ft, tiny_sft
+from safetensors.torch import load_file
 
 from ft.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
@@ -34,6 +36,40 @@ def test_auto_skips_incomplete_and_orders_numerically(tmp_path):
     assert resolve_resume("auto", tmp_path) == str(newest_complete)
     assert resolve_resume("never", tmp_path) is None
     assert resolve_resume("auto", tmp_path / "empty") is None
+
+
+def test_the_incomplete_marker_is_the_file_transformers_keeps_in_a_jit_checkpoint_while_saving(tmp_path):
+    """ft skips a checkpoint holding INCOMPLETE_MARKER, so it must be the name transformers gives that file (a literal
+    in ``CheckpointManager.execute_jit_checkpoint``, not a constant to import). Watched from inside a real JIT save:
+    the files in the folder midway, less those left at the end, are that marker alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import ExportableState
+    from transformers.trainer_jit_checkpoint import CheckpointManager
+
+    class ListFolderMidSave(TrainerCallback, ExportableState):
+        """The Trainer asks stateful callbacks for their state while it writes a checkpoint (after the weights,
+        optimizer and RNG states, before trainer_state.json)."""
+
+        def __init__(self):
+            self.folder, self.seen = None, []
+
+        def state(self) -> dict:
+            if self.folder is not None and self.folder.is_dir():
+                self.seen.append({path.name for path in self.folder.iterdir()})
+            return {"args": {}, "attributes": {}}
+
+    watch = ListFolderMidSave()
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ASSETS))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = Trainer(model=model, args=args, callbacks=[watch])
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
+    watch.folder = tmp_path / "checkpoint-0"
+    CheckpointManager(trainer).execute_jit_checkpoint()
+
+    (midway,) = watch.seen
+    left = {path.name for path in watch.folder.iterdir()}
+    assert midway - left == {INCOMPLETE_MARKER}
+    assert complete_checkpoints(tmp_path) == [watch.folder]
 
 
 def test_explicit_path_must_be_a_complete_checkpoint(tmp_path):
@@ -73,11 +109,47 @@ def sigterm_once_started(process: subprocess.Popen, out) -> None:
     process.send_signal(signal.SIGTERM)
 
 
+STEP_LOG = """
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class StepLog(TrainerCallback):
+    \"\"\"Appends "<process id> <step>" to steps-rank<N>.log at the end of each optimizer step a process takes.\"\"\"
+
+    def on_step_end(self, args, state, control, **kwargs):
+        with (Path(args.output_dir) / f"steps-rank{args.process_index}.log").open("a") as log:
+            log.write(f"{os.getpid()} {state.global_step}\\n")
+"""
+
+
+def steps_by_run(log) -> list[list[int]]:
+    """The steps a StepLog file records, one list per process that took them, in the order they ran."""
+    runs: dict[str, list[int]] = {}
+    for line in log.read_text().splitlines():
+        pid, step = line.split()
+        runs.setdefault(pid, []).append(int(step))
+    return list(runs.values())
+
+
+def assert_same_final_weights(run, reference) -> None:
+    """final/model.safetensors of two runs hold the same tensors, bit for bit."""
+    ours, theirs = load_file(run / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and ours
+    different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+    assert not different, f"{len(different)} of {len(ours)} tensors differ from the uninterrupted run: {different[:3]}"
+
+
 def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    (tmp_path / "step_log.py").write_text(STEP_LOG)
     out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=200, logging_steps=10)  # save_strategy "no": no periodic checkpoints
-    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    # save_strategy "no": no periodic checkpoints. transformers saves the JIT checkpoint 3 s after the signal: with
+    # steps of >= 50 ms (SlowSteps) at most 60 steps after step 5, well before step 100
+    recipe = tiny_sft(out, max_steps=100, logging_steps=10)
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
     command = [sys.executable, "-m", "ft", "train", str(path)]
     env = {**os.environ, "TQDM_DISABLE": "1"}
@@ -90,7 +162,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write
     checkpoints = complete_checkpoints(out)
     assert len(checkpoints) == 1, stderr[-3000:]
     stopped_at = int(checkpoints[0].name.split("-")[1])
-    assert 5 <= stopped_at < 200
+    assert 5 <= stopped_at < 100
     assert not (out / "final").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoints[0])
@@ -102,9 +174,18 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoints[0]}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 200
+    assert summary["status"] == "completed" and summary["steps"] == 100
     assert summary["last_train_loss"] < summary["first_train_loss"]  # the history runs on from the checkpoint's
     assert (out / "final" / "config.json").is_file()
+    # the second run took up at the step after the checkpoint's (a fresh start would have taken steps 1-100) ...
+    _, second_run = steps_by_run(out / "steps-rank0.log")
+    assert second_run == list(range(stopped_at + 1, 101))
+    # ... with the checkpoint's weights, optimizer, scheduler and place in the data: it ends where an uninterrupted
+    # run of the same recipe and seed ends, tensor for tensor (SlowSteps and StepLog only sleep and write a file)
+    uninterrupted = tiny_sft(tmp_path / "uninterrupted", max_steps=100, logging_steps=10)
+    reference = run_ft("train", str(write_recipe(uninterrupted, name="uninterrupted.yaml")))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert_same_final_weights(out, tmp_path / "uninterrupted")
 
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 2 and "already holds a completed run" in again.stderr

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from conftest import ROOT, tiny_sft
-from test_checkpoints import SLOW_STEPS, sigterm_once_started
+from test_checkpoints import SLOW_STEPS, STEP_LOG, assert_same_final_weights, sigterm_once_started, steps_by_run
 
 from ft.checkpoints import complete_checkpoints
 
@@ -40,9 +40,10 @@ def test_two_processes_train_data_parallel_and_write_the_run_once(write_recipe, 
 
 def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    (tmp_path / "step_log.py").write_text(STEP_LOG)
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=60, logging_steps=10)
-    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
@@ -65,6 +66,17 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert f"resuming from {checkpoint}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 60 and summary["world_size"] == 2
+    # both processes took up at the step after the checkpoint's (a fresh start would have taken steps 1-60) ...
+    stopped_at = int(checkpoint.name.split("-")[1])
+    for rank in (0, 1):
+        _, second_run = steps_by_run(out / f"steps-rank{rank}.log")
+        assert second_run == list(range(stopped_at + 1, 61)), rank
+    # ... and the resumed run ends where an uninterrupted 2-process run of the same recipe and seed ends
+    uninterrupted = tiny_sft(tmp_path / "uninterrupted", max_steps=60, logging_steps=10)
+    reference = subprocess.run(_torchrun(write_recipe(uninterrupted, name="uninterrupted.yaml")), cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert_same_final_weights(out, tmp_path / "uninterrupted")
 
 
 def test_each_failing_process_keeps_its_own_traceback(write_recipe, tmp_path):
