@@ -149,13 +149,72 @@ def _find_sampler(node, name: str, depth: int = 4):
     return None
 
 
-def test_packing_trains(write_recipe, tmp_path):
-    out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=3)
-    recipe["data"]["packing"] = True
-    result = run_ft("train", str(write_recipe(recipe)))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+def test_packing_feeds_whole_rows_back_to_back_that_do_not_attend_to_each_other(write_recipe, tmp_path):
+    """TRL 1.16 packs best-fit-decreasing (rows kept whole, up to max_length per packed sequence) and padding-free:
+    a batch's packed sequences arrive concatenated as one row with no attention mask, and position_ids restarting at
+    0 where each original row starts tell the attention (sdpa's mask, flash-attention's cu_seq_lens) where to cut."""
+    import datasets
+    import torch
+    from transformers import TrainerCallback
+
+    from ft.run import train
+
+    class RecordTrainBatches(TrainerCallback):
+        """Keeps the keyword arguments of every training forward pass (the batches exactly as the model gets them)
+        and the model."""
+
+        def __init__(self):
+            self.batches, self.model, self._hook = [], None, None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            def keep(module, _args, inputs):
+                if module.training:
+                    self.batches.append({k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)})
+
+            self.model = model
+            self._hook = model.register_forward_pre_hook(keep, with_kwargs=True)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._hook.remove()
+
+    recipe = tiny_sft(tmp_path / "out", max_steps=3)  # batches of 8 packed sequences of <= 64 tokens
+    recipe["data"].update(packing=True, prepared_path=str(tmp_path / "prepared"))
+    recorder = RecordTrainBatches()
+    result = train(load_recipe(write_recipe(recipe)), resume="never", say=_silent, callbacks=[recorder])
+    assert result.status == "completed" and len(recorder.batches) == 3
+
+    prepared = datasets.load_from_disk(str(tmp_path / "prepared" / "train"))
+    labels_of = {tuple(row["input_ids"]): row["labels"] for row in prepared}
+    for batch in recorder.batches:
+        ids, positions, labels = batch["input_ids"], batch["position_ids"], batch["labels"]
+        assert ids.shape[0] == 1 and "attention_mask" not in batch and ids.shape[1] <= 8 * 64
+        starts = (positions[0] == 0).nonzero().flatten().tolist()
+        spans = list(zip(starts, [*starts[1:], ids.shape[1]], strict=True))
+        assert starts[0] == 0 and len(spans) > 8  # more rows than packed sequences: several rows in each
+        whole_rows = 0
+        for start, end in spans:
+            assert positions[0, start:end].tolist() == list(range(end - start))
+            row = tuple(ids[0, start:end].tolist())
+            if row in labels_of:  # a prepared row, whole and alone between two restarts (padding would not be)
+                whole_rows += end - start
+                # its loss mask travels with it: the prompt stays -100, the answer keeps its labels
+                assert labels[0, start:end].tolist() == labels_of[row]
+                assert labels[0, start] == -100 and 0 < int((labels[0, start:end] != -100).sum()) < end - start
+        assert whole_rows / ids.numel() >= 0.99  # the non-pad fraction (padding-free: no padding is added at all)
+        assert ids.shape[1] >= 0.85 * 8 * 64  # and the 8 packed sequences are nearly full (0.92-1.0 here)
+
+    # no attention across row boundaries: each row's logits in the packed batch are those of the row run alone,
+    # while the same tokens as one running sequence (position_ids counting on) give every later row other logits
+    model, batch = recorder.model.eval(), recorder.batches[0]
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist()
+    with torch.no_grad():
+        packed = model(**inputs).logits[0]
+        running = model(input_ids=batch["input_ids"]).logits[0]
+        for start, end in zip(starts[1:], [*starts[2:], batch["input_ids"].shape[1]], strict=True):
+            alone = model(input_ids=batch["input_ids"][:, start:end]).logits[0]
+            assert torch.allclose(packed[start:end], alone, atol=1e-4)
+            assert not torch.allclose(running[start:end], alone, atol=1e-2)
 
 
 def test_bad_rows_and_truncation_are_counted_in_the_summary(write_recipe, tmp_path):
