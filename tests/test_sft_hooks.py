@@ -4,6 +4,7 @@ and the exit-2 errors for user code that is missing or has the wrong signature."
 from __future__ import annotations
 
 import importlib
+import math
 import textwrap
 
 import pytest
@@ -17,8 +18,25 @@ def _module(tmp_path, name: str, code: str) -> None:
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(code))
 
 
-def _train(path):
-    return train(load_recipe(path), resume="never", say=lambda _: None)
+def _train(path, callbacks=()):
+    return train(load_recipe(path), resume="never", say=lambda _: None, callbacks=callbacks)
+
+
+def _watch():
+    """A TrainerCallback that keeps the model's weights as training starts and the log history as it ends."""
+    from transformers import TrainerCallback
+
+    class Watch(TrainerCallback):
+        start_weights: dict = {}
+        log_history: list = []
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.start_weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.log_history = list(state.log_history)
+
+    return Watch()
 
 
 def test_custom_loss_is_called_with_num_items_in_batch(write_recipe, tmp_path):
@@ -43,6 +61,55 @@ def test_custom_loss_is_called_with_num_items_in_batch(write_recipe, tmp_path):
     # in training the count covers both accumulated micro-batches: the same value twice in a row
     assert all(int(calls[i]) == int(calls[i + 1]) for i in range(0, 60, 2))
     assert result.summary["last_train_loss"] < result.summary["first_train_loss"]
+
+
+def test_a_loss_times_zero_leaves_every_weight_as_it_started(write_recipe, tmp_path):
+    """What the `loss:` function returns is what is trained: multiplied by zero, it moves no weight."""
+    import torch
+    from safetensors.torch import load_file
+
+    _module(tmp_path, "losses_zero", """
+        def zero(outputs, labels, num_items_in_batch):
+            return 0.0 * outputs.logits.float().sum()
+    """)
+    recipe = tiny_sft(tmp_path / "out", max_steps=3, logging_steps=1)
+    recipe["data"]["eval"] = []
+    recipe["loss"] = "losses_zero:zero"
+    recipe["optimizer"]["weight_decay"] = 0.0  # decay alone would shrink the weights, whatever the loss
+    watch = _watch()
+    _train(write_recipe(recipe), callbacks=[watch])
+    final = load_file(tmp_path / "out" / "final" / "model.safetensors")
+    assert final and final.keys() <= watch.start_weights.keys()
+    assert all(torch.equal(final[name], watch.start_weights[name]) for name in final)
+    logged = [entry for entry in watch.log_history if "loss" in entry]
+    assert [entry["loss"] for entry in logged] == [0.0] * 3 and all(entry["grad_norm"] == 0 for entry in logged)
+
+
+def test_the_logged_training_loss_is_what_the_loss_function_returned(write_recipe, tmp_path):
+    _module(tmp_path, "losses_half", """
+        import torch.nn.functional as F
+        RETURNED = []
+
+        def half_ce(outputs, labels, num_items_in_batch):
+            logits = outputs.logits[:, :-1, :].float()
+            total = F.cross_entropy(logits.transpose(1, 2), labels[:, 1:], ignore_index=-100, reduction="sum")
+            loss = 0.5 * total / num_items_in_batch  # half the model's own loss: not a number ft would log by itself
+            if loss.requires_grad:  # a training micro-batch (evaluation runs without gradients)
+                RETURNED.append(loss.item())
+            return loss
+    """)
+    recipe = tiny_sft(tmp_path / "out", max_steps=4, logging_steps=1, gradient_accumulation_steps=2)
+    recipe["data"]["eval"] = []
+    recipe["loss"] = "losses_half:half_ce"
+    watch = _watch()
+    _train(write_recipe(recipe), callbacks=[watch])
+    returned = importlib.import_module("losses_half").RETURNED
+    logged = [entry["loss"] for entry in watch.log_history if "loss" in entry]
+    assert len(returned) == 2 * len(logged) == 8
+    # both micro-batches of a step are normalised by the count over the two, so the step's loss is their sum, as
+    # returned (not rescaled for gradient accumulation)
+    for step, loss in enumerate(logged):
+        assert math.isclose(loss, returned[2 * step] + returned[2 * step + 1], rel_tol=1e-6), (step, loss, returned)
 
 
 def test_user_callback_with_kwargs(write_recipe, tmp_path):
@@ -82,6 +149,19 @@ def test_token_accuracy_and_perplexity_are_computed_per_batch(write_recipe, tmp_
     first, final = summary["first_eval"], summary["final_eval"]  # before any training step, and at the end
     assert final["eval_token_accuracy"] > first["eval_token_accuracy"] + 0.2
     assert final["eval_perplexity"] < first["eval_perplexity"] / 4
+
+
+def test_perplexity_is_exp_of_the_eval_loss(write_recipe, tmp_path):
+    """perplexity is exp(mean NLL over every target token of the eval set). Trainer's eval_loss is the mean of
+    per-batch mean losses: the same number when the eval set is one batch, as here. (With several batches of unequal
+    token counts the two part a little: eval_loss 3.2377 against ln(perplexity) 3.2354 with batches of 8 on this
+    data; the perplexity, pooled over tokens, does not depend on the batch size.)"""
+    recipe = tiny_sft(tmp_path / "out", max_steps=5, eval_strategy="steps", eval_steps=100, eval_on_start=True,
+                      per_device_eval_batch_size=200)  # data/arithmetic/eval.jsonl: 200 rows
+    recipe["metrics"] = ["perplexity"]
+    summary = _train(write_recipe(recipe)).summary
+    for evaluation in (summary["first_eval"], summary["final_eval"]):  # untrained (≈ 500), then after 5 steps
+        assert math.isclose(evaluation["eval_perplexity"], math.exp(evaluation["eval_loss"]), rel_tol=1e-5)
 
 
 @pytest.mark.parametrize("reference, code, words", [
