@@ -187,6 +187,10 @@ def test_generation_round_batches_and_user_reward_end_to_end(write_recipe, tmp_p
         assert call["distinct_prompts"] <= 4  # 4 prompts, each sampled 8 times
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 16 and summary["tokens"] > 0
+    # TRL logs the mean reward at every step (logging_steps 1): the run draws it next to its loss
+    assert "plots/reward.png" in summary["plots"]
+    png = (tmp_path / "out" / "plots" / "reward.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000  # axes and a line, not an empty canvas
 
 
 def test_train_dataloader_yields_one_generation_round_and_reference_model(write_recipe, tmp_path):

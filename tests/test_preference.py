@@ -148,6 +148,85 @@ def test_kto_and_orpo_train_end_to_end(method, write_recipe, tmp_path):
         assert math.isfinite(summary[key]), (key, summary[key])
 
 
+def _watch():
+    """A TrainerCallback keeping the trainer's arguments as training starts and its log history as it ends."""
+    from transformers import TrainerCallback
+
+    class Watch(TrainerCallback):
+        args = None
+        log_history: list = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.args = args
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.log_history = list(state.log_history)
+
+    return Watch()
+
+
+def _train_watched(path: Path):
+    watch = _watch()
+    result = ft.run.train(load_recipe(path), resume="never", say=lambda _: None, callbacks=[watch])
+    return result, watch
+
+
+def _non_default(config_class, settings: dict) -> bool:
+    """None of ``settings`` is the TRL config's default (so a section that did not arrive cannot pass for one)."""
+    import dataclasses
+
+    defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+    return all(defaults[key] != value for key, value in settings.items())
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_kto_settings_reach_the_trainer_and_the_reward_margin_rises(sft_model, write_recipe, tmp_path):
+    # 64 pairs unpaired into 128 rows: 8 batches of 16 an epoch, in the same order every epoch (KTO's sequential
+    # sampler), 4 epochs, one log line per epoch, so the margins compare the same rows
+    recipe = preference_recipe("kto", sft_model, tmp_path / "out", train_fraction=0.064, max_steps=32,
+                               per_device_train_batch_size=16, logging_steps=8, eval_strategy="no")
+    recipe["data"]["eval"] = []
+    recipe["optimizer"]["lr"] = 3.0e-3
+    settings = {"beta": 0.3, "desirable_weight": 1.5, "undesirable_weight": 0.75}
+    recipe["kto"] = settings
+    result, watch = _train_watched(write_recipe(recipe))
+
+    from trl import KTOConfig
+
+    assert _non_default(KTOConfig, settings)
+    assert {key: getattr(watch.args, key) for key in settings} == settings
+    # chosen minus rejected implicit reward (KTO's batches mix both labels): -0.07 in the first epoch, +0.06 in the 4th
+    margins = [entry["rewards/margins"] for entry in watch.log_history if "rewards/margins" in entry]
+    assert len(margins) == 4
+    assert margins[-1] > margins[0] + 0.05, margins
+    assert result.summary["status"] == "completed"
+
+
+def test_orpo_beta_reaches_the_trainer_and_the_log_odds_ratio_rises(sft_model, write_recipe, tmp_path):
+    # 64 pairs: 4 batches of 16 an epoch, 8 epochs, one log line per epoch
+    recipe = preference_recipe("orpo", sft_model, tmp_path / "out", train_fraction=0.064, max_steps=32,
+                               per_device_train_batch_size=16, logging_steps=4, eval_strategy="no")
+    recipe["data"]["eval"] = []
+    recipe["optimizer"]["lr"] = 3.0e-3
+    recipe["orpo"] = {"beta": 1.0}  # the weight of the odds-ratio term, the signal watched here, against the NLL's
+    result, watch = _train_watched(write_recipe(recipe))
+
+    from trl.experimental.orpo import ORPOConfig
+
+    assert _non_default(ORPOConfig, {"beta": 1.0}) and watch.args.beta == 1.0
+    # mean log-odds of chosen over rejected (0.07 → 0.26 here) and its log-sigmoid, the term ORPO maximises
+    # (-0.68 → -0.60), first two epochs against the last two
+    chosen = [entry["log_odds_chosen"] for entry in watch.log_history if "log_odds_chosen" in entry]
+    ratio = [entry["log_odds_ratio"] for entry in watch.log_history if "log_odds_ratio" in entry]
+    assert len(chosen) == len(ratio) == 8
+    assert _mean(chosen[-2:]) > _mean(chosen[:2]) + 0.1, chosen
+    assert _mean(ratio[-2:]) > _mean(ratio[:2]) + 0.03, ratio
+    assert result.summary["status"] == "completed"
+
+
 def test_kto_unpairs_the_pairs_into_mixed_batches():
     from datasets import load_dataset
 
