@@ -128,7 +128,25 @@ def schema() -> None:
 
 
 def main() -> None:
-    app(prog_name="ft")
+    from .ranks import exit_without_finalizing, world_size
+
+    if world_size() == 1:
+        app(prog_name="ft")
+        return
+    try:  # one process of several: see exit_without_finalizing for why it does not end the usual way
+        app(prog_name="ft")
+        code = 0
+    except SystemExit as done:
+        code = _exit_code(done)
+    exit_without_finalizing(code)
+
+
+def _exit_code(done: SystemExit) -> int:
+    """The status ``sys.exit`` would give for ``done``: None is 0, an integer itself, anything else printed and 1."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    _err(str(done.code))
+    return 1
 
 
 if __name__ == "__main__":

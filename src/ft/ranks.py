@@ -7,8 +7,10 @@ adds around it, recipe.yaml, summary.json, plots and its messages, comes from th
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 
 
 def world_size() -> int:
@@ -30,3 +32,21 @@ def main_process_first(cpu: bool):
 
     with PartialState(cpu=cpu).main_process_first():
         yield
+
+
+def exit_without_finalizing(code: int) -> None:
+    """End this process of a multi-process run with ``code``, without Python's interpreter finalization.
+
+    Why: torch's gloo backend keeps worker threads that may still hold the last collective's work when the main
+    thread exits. Releasing it frees a tensor, which needs the GIL; a thread that asks for the GIL while the
+    interpreter finalizes is ended inside a C++ destructor, and the process aborts ("terminate called without an
+    active exception", SIGABRT; pytorch/pytorch#190489). ``destroy_process_group`` does not join those workers
+    once DistributedDataParallel has held the group. So ft runs the exit handlers itself (loggers, trackers,
+    temporary folders: what a normal exit would run, while every thread can still take the GIL), flushes its
+    output and leaves with ``os._exit``, which ends the threads without running their destructors.
+    ``scripts/gloo_exit_race.py`` reproduces the abort and shows this path free of it.
+    """
+    atexit._run_exitfuncs()  # the handlers Python would run at exit (a stdlib function since Python 2)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
