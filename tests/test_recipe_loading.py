@@ -190,11 +190,11 @@ def test_null_means_the_default(write_recipe, tmp_path):
 
 def test_nulls_inside_free_form_maps_are_values(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out")
-    recipe["optimizer"]["args"] = {"foo": None}
+    recipe["optimizer"] = {"class": "torch.optim.SGD", "kwargs": {"foreach": None}}
     recipe["scheduler"] = {"type": "linear", "kwargs": {"bar": None}}
     recipe["callbacks"] = [{"cls": "my_callbacks:Logger", "kwargs": {"level": None}}]
     loaded = load_recipe(write_recipe(recipe)).recipe
-    assert loaded.optimizer.args == {"foo": None} and loaded.scheduler.kwargs == {"bar": None}
+    assert loaded.optimizer.kwargs == {"foreach": None} and loaded.scheduler.kwargs == {"bar": None}
     assert loaded.callbacks[0].kwargs == {"level": None}
     with pytest.raises(RecipeError) as info:  # a column name mapped to null is no mapping
         load_recipe(write_recipe(recipe), ["data.train.0.fields={messages: null}"])

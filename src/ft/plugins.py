@@ -44,6 +44,33 @@ def resolve(reference: str, key: str, base_dir: Path):
     return getattr(module, attribute)
 
 
+def resolve_class(reference: str, key: str, base_dir: Path, base: type, kwargs: dict, provided: tuple[str, ...]):
+    """``package.module.Class`` (importable) or ``module:Class`` (next to the recipe): a subclass of ``base`` whose
+    signature takes ``kwargs`` once ft has provided the arguments named in ``provided``. Problems name ``key`` (the
+    class) or ``<key's section>.kwargs``."""
+    module, sep, name = reference.partition(":")
+    if not sep:
+        module, _, name = reference.rpartition(".")
+    cls = resolve(f"{module}:{name}", key, base_dir)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(Problem(key, f"`{reference}` is not a {base.__module__}.{base.__qualname__} subclass."))
+    section = key.rpartition(".")[0]
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        for arg in kwargs:
+            if arg not in params:
+                from .recipe.errors import did_you_mean
+
+                raise PluginError(Problem(f"{section}.kwargs.{arg}", f"`{name}` takes no argument `{arg}`; it takes "
+                                          f"{', '.join(params)}.{did_you_mean(arg, params)}"))
+    missing = [arg for arg, param in params.items() if param.default is param.empty and arg not in kwargs
+               and arg not in provided and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)]
+    if missing:
+        raise PluginError(Problem(f"{section}.kwargs", f"`{name}` needs `{missing[0]}`; add it to "
+                                  f"`{section}.kwargs`."))
+    return cls
+
+
 def check_signature(fn: Callable, key: str, required: tuple[str, ...], *, positional: bool = False) -> None:
     """``fn`` must accept the named parameters (or ``**kwargs``; with ``positional``, that many positional ones)."""
     try:

@@ -59,7 +59,10 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
 
     resume_from = checkpoints.resolve_resume(resume, output_dir)
-    trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks)
+    try:
+        trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks)
+    except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
+        raise loaded.error([exc.problem]) from None
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 

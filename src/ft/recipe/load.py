@@ -158,7 +158,7 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
         moved = {**MOVED, **moved_to_method_section(cls.model_fields["method"].default)}
         if loc[:1] == ("train",) and len(loc) == 2 and loc[-1] in moved:  # e.g. warmup_ratio, gone in 5.x
             return Problem(dotted, f"is not set under `train:` in ft recipes; set `{moved[loc[-1]]}` instead.", where)
-        allowed = [name for name in _fields_at(cls, loc[:-1]) if name not in moved]
+        allowed = [name for name in _fields_at(cls, loc[:-1]) if loc[:1] != ("train",) or name not in moved]
         return Problem(dotted, f"unknown key.{did_you_mean(loc[-1], allowed)} Allowed here: "
                                f"{_short_list(allowed)}.", where)
     if kind == "missing":
@@ -202,16 +202,23 @@ def _is_union_tag(part: str) -> bool:
 
 
 def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names of the (sub)model at a location, for did-you-mean suggestions."""
+    """The keys of the (sub)model at a location, as a recipe writes them (``class``, not ``cls``), for did-you-mean
+    suggestions."""
     model: Any = cls
     for part in loc:
         if isinstance(part, int):
             continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        field = _keys(model).get(part)
         if field is None:
             return []
         model = _model_in(field.annotation)
-    return list(model.model_fields) if hasattr(model, "model_fields") else []
+    return list(_keys(model))
+
+
+def _keys(model) -> dict:
+    """A model's fields by the key a recipe writes for each (its alias, where it has one)."""
+    fields = getattr(model, "model_fields", {})
+    return {field.alias or name: field for name, field in fields.items()}
 
 
 def _model_in(annotation):

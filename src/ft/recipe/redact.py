@@ -28,7 +28,7 @@ def redact(value, key: str = ""):
 
 def resolved_dict(recipe: Recipe) -> dict:
     """All sections with their defaults; ``train:`` only with the keys the recipe set."""
-    data = recipe.model_dump(mode="json", exclude={"train"})
+    data = recipe.model_dump(mode="json", exclude={"train"}, by_alias=True)  # `class:`, as the recipe writes it
     data["train"] = recipe.train_args
     return data
 

@@ -332,3 +332,50 @@ def grpo_generation_batch_divides(recipe) -> list[Problem]:
                      f"{steps} steps per generation on one process) must be divisible by "
                      f"num_generations ({grpo.num_generations}).")
     return []
+
+
+# --- your own optimizer or scheduler class, parameter groups -----------------------------------------------------
+
+
+_NAMED_ONLY = ("betas", "eps", "target_modules", "args")  # settings of a named optimizer, passed as TrainingArguments
+
+
+@rule
+def optimizer_class_or_name(recipe) -> list[Problem]:
+    """``optimizer_cls_and_kwargs`` replaces the ``optim`` name: a recipe gives one or the other, and a class takes
+    its settings as its own keyword arguments."""
+    opt, written = recipe.optimizer, recipe.optimizer.model_fields_set
+    if opt.cls is None:
+        return error("optimizer.kwargs", "is for `optimizer.class`; a named optimizer takes its extra settings in "
+                     "`optimizer.args`.") if opt.kwargs else []
+    problems = error("optimizer.class", "give either `optimizer.name` (a transformers optimizer) or "
+                     "`optimizer.class` (your own), not both.") if "name" in written else []
+    problems += [Problem(f"optimizer.{key}", "goes with a named optimizer; with `optimizer.class` put it in "
+                         "`optimizer.kwargs` under the name the class takes.") for key in _NAMED_ONLY if key in written]
+    if opt.lr is not None and "lr" in opt.kwargs:
+        problems += error("optimizer.kwargs.lr", "the learning rate is set twice (`optimizer.lr` too); keep one.")
+    return problems
+
+
+@rule
+def scheduler_class_or_type(recipe) -> list[Problem]:
+    """A scheduler class replaces the named schedule and its warm-up (put a warm-up in the class's kwargs)."""
+    sched, written = recipe.scheduler, recipe.scheduler.model_fields_set
+    if sched.cls is None:
+        return []
+    return [Problem(f"scheduler.{key}", "goes with a named schedule; `scheduler.class` replaces it (give the class "
+                    "its own warm-up, if it has one, in `scheduler.kwargs`).") for key in ("type", "warmup_steps")
+            if key in written]
+
+
+@rule
+def groups_need_plain_parameter_groups(recipe) -> list[Problem]:
+    """GaLore and APOLLO build their own parameter groups from ``optim_target_modules``, LOMO/AdaLomo take the whole
+    model, layerwise optimizers one optimizer per parameter: per-module groups cannot be layered on them."""
+    name = recipe.optimizer.name
+    info = traits(name)
+    if recipe.optimizer.groups and recipe.optimizer.cls is None and (
+            info.needs_target_modules or info.layerwise or name in ("lomo", "adalomo")):
+        return error("optimizer.groups", f"`{name}` builds its own parameter groups, so per-module groups cannot be "
+                     "added to it; remove `optimizer.groups` or choose e.g. adamw_torch.")
+    return []

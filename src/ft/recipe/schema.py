@@ -10,13 +10,13 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal, Optional, Union
 
-from pydantic import ConfigDict, Field, PositiveInt, StrictBool, StrictStr, create_model, field_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictStr, create_model, field_validator
 
 from .base import Section, resolve_input_path
 from .hooks import HooksMixin
 from .methods import METHODS, moved_to_method_section
 from .names import FORMATS
-from .optimizers import optimizer_names, scheduler_names
+from .optimization import OptimizerSection, SchedulerSection
 from .train_section import train_section_model
 
 Number = Union[int, float]
@@ -115,29 +115,6 @@ class DataSection(Section):
     @property
     def has_eval(self) -> bool:
         return bool(self.eval_sources) or isinstance(self.eval, SplitRatio)
-
-
-class OptimizerSection(Section):
-    """Unset values keep the method's TRL default (e.g. lr 2e-5 for SFT, 1e-6 for DPO)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)  # YAML lists are fine for betas
-
-    name: Literal[tuple(optimizer_names())] = Field(
-        "adamw_torch", description="Optimizer (transformers `optim` names: GaLore, APOLLO, LOMO, schedule-free, …).")
-    lr: Optional[Number] = Field(None, gt=0, description="Peak learning rate (unset: the method's TRL default).")
-    weight_decay: Optional[Number] = Field(None, ge=0, description="Decoupled weight decay (unset: 0).")
-    betas: Optional[tuple[Number, Number]] = Field(None, description="Adam betas [beta1, beta2] (unset: 0.9, 0.999).")
-    eps: Optional[Number] = Field(None, gt=0, description="Adam epsilon (unset: 1e-8).")
-    target_modules: Optional[list[StrictStr]] = Field(
-        None, description="Module name regexes the optimizer projects (GaLore, APOLLO).")
-    args: dict[str, Any] = Field(default_factory=dict, description="Extra optimizer arguments (optim_args).")
-
-
-class SchedulerSection(Section):
-    type: Literal[tuple(scheduler_names())] = Field(
-        "linear", description="Learning-rate schedule (transformers names, including `greedy`).")
-    warmup_steps: Number = Field(0, ge=0, description="Warm-up steps; a value below 1 is a fraction of all steps.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
 
 
 class Recipe(HooksMixin):

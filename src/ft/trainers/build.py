@@ -25,6 +25,7 @@ from ..models import lora_config
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
 from .hooks import Hooks
+from .optimization import optimization_for
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class TrainerInputs:
     hooks: Hooks  # the recipe's user and built-in code, resolved once before the model loaded
     defaults: Mapping[str, object] = field(default_factory=dict)  # ft's machine defaults (rule 2 above)
     callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
+    optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.hardware.optimizer_defaults
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
@@ -53,7 +55,7 @@ def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **f
 
 
 def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
-    """The constructor arguments every TRL trainer takes."""
+    """The constructor arguments every ft trainer takes (TRL's, and ``FtTrainerMixin``'s ``ft_optimization``)."""
     return {
         "model": inputs.model,
         "args": config,
@@ -62,6 +64,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "processing_class": inputs.tokenizer,
         "peft_config": lora_config(recipe.adapter),
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
+        "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),
     }
 
 

@@ -1,4 +1,5 @@
-"""The code a recipe plugs into its trainer (``loss:``, ``callbacks:``, ``grpo.rewards``), resolved once.
+"""The code a recipe plugs into its trainer (``loss:``, ``callbacks:``, ``grpo.rewards``, ``optimizer.class``,
+``scheduler.class``), resolved once.
 
 ``resolve_hooks`` runs at the start of ``ft train``, before any model loads: a missing module, a typo in a name, a
 wrong signature or bad arguments is a ``PluginError`` naming the recipe key (exit code 2). What it returns is what
@@ -12,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plugins import check_signature, resolve
+from ..plugins import check_signature, resolve, resolve_class
 from ..recipe import Recipe
 from ..rewards import reward_functions
 from .callbacks import build_callbacks
+from .optimization import OPTIMIZER_PROVIDES, SCHEDULER_PROVIDES
 
 
 @dataclass(frozen=True)
@@ -23,16 +25,31 @@ class Hooks:
     loss: Callable | None = None  # SFT's compute_loss_func
     callbacks: tuple = ()  # TrainerCallback objects, in recipe order
     rewards: tuple = ()  # GRPO reward functions, in recipe order (their weights stay in the recipe)
+    optimizer_class: type | None = None  # optimizer.class (its kwargs stay in the recipe)
+    scheduler_class: type | None = None  # scheduler.class (likewise)
 
 
 def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
     """Import, check and build everything the recipe names (``base_dir``, the recipe's folder, is importable)."""
-    grpo = getattr(recipe, "grpo", None)
+    grpo, opt, sched = getattr(recipe, "grpo", None), recipe.optimizer, recipe.scheduler
     return Hooks(
         loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
         callbacks=tuple(build_callbacks(recipe, base_dir)),
         rewards=tuple(reward_functions(grpo.rewards, base_dir)) if grpo is not None else (),
+        optimizer_class=_class(opt.cls, "optimizer.class", base_dir, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
+        scheduler_class=_class(sched.cls, "scheduler.class", base_dir, "LRScheduler", sched.kwargs,
+                               SCHEDULER_PROVIDES),
     )
+
+
+def _class(reference: str | None, key: str, base_dir: Path, base: str, kwargs: dict, provides: tuple[str, ...]):
+    """A class the recipe names (None when it names none); ``base`` is a torch.optim class it must extend."""
+    if reference is None:
+        return None
+    import torch.optim.lr_scheduler
+
+    base_class = {"Optimizer": torch.optim.Optimizer, "LRScheduler": torch.optim.lr_scheduler.LRScheduler}[base]
+    return resolve_class(reference, key, base_dir, base_class, kwargs, provides)
 
 
 def resolve_loss(reference: str, base_dir: Path) -> Callable:

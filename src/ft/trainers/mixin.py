@@ -3,8 +3,11 @@
 - Token accounting without a device sync per step: tokens fed, non-padding tokens, their ratio
   (padding efficiency) and tokens per second, added to every log line and to ``summary.json``.
 - Peak memory (CUDA allocator peak on GPU, the process's peak RSS on CPU) in the same places.
+- The recipe's optimizer and scheduler beyond transformers' names: a class of the user's, per-module parameter
+  groups, a scheduler class (``ft.trainers.optimization``).
 
-It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``).
+It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``,
+``create_optimizer``, ``create_scheduler``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,42 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from .optimization import Optimization, build_scheduler, check_groups_match, param_groups
+
 
 class FtTrainerMixin:
     _ft_padded = 0  # token positions fed to the model (padding included)
     _ft_real = None  # non-padding tokens, a device tensor summed lazily (no sync per step)
     _ft_started: float | None = None
+    ft_optimization = Optimization()  # what the recipe adds; set per trainer in __init__
+
+    def __init__(self, *args, ft_optimization: Optimization | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ft_optimization = ft_optimization = ft_optimization or Optimization()
+        if ft_optimization.optimizer is not None:  # only SFTTrainer's constructor takes it; every Trainer reads it
+            self.optimizer_cls_and_kwargs = ft_optimization.optimizer
+        check_groups_match(self.model.named_parameters(), ft_optimization.groups)  # names as wrapped (PEFT)
+
+    def create_optimizer(self, model=None):
+        """With ``optimizer.groups`` or arguments this machine needs: the Trainer's own optimizer creation, handed
+        ft's parameter groups and those arguments through ``optimizer_cls_and_kwargs``."""
+        ft = self.ft_optimization
+        if self.optimizer is None and ft.changes_optimizer:
+            opt_model = self.model if model is None else model
+            cls, kwargs = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            kwargs = {**kwargs, **ft.machine_kwargs}
+            if ft.groups:
+                kwargs["params"] = param_groups(opt_model.named_parameters(), set(self.get_decay_parameter_names(
+                    opt_model)), ft.groups, kwargs.get("lr", self.args.learning_rate), self.args.weight_decay)
+            self.optimizer_cls_and_kwargs = (cls, kwargs)
+        return super().create_optimizer(model)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """With ``scheduler.class``: that class, given the number of training steps where it asks for them."""
+        if self.lr_scheduler is None and self.ft_optimization.scheduler is not None:
+            cls, kwargs = self.ft_optimization.scheduler
+            self.lr_scheduler = build_scheduler(cls, kwargs, optimizer or self.optimizer, num_training_steps)
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def training_step(self, model, inputs, *args, **kwargs):
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None  # GRPO passes raw rows
