@@ -12,13 +12,17 @@ import os
 from dataclasses import dataclass
 
 from .recipe import Problem, Recipe
-from .recipe.optimizers import traits
+from .recipe.optimizers import PACKAGES, traits
 
-# pip package -> importable module, for the optimizer packages ft can tell users to install
-_MODULES = {"galore-torch": "galore_torch", "apollo-torch": "apollo_torch", "lomo-optim": "lomo_optim",
-            "grokadamw": "grokadamw", "schedulefree": "schedulefree", "torch-optimi": "optimi",
-            "bitsandbytes": "bitsandbytes", "torch_xla": "torch_xla", "torch_npu": "torch_npu",
-            "torchdistx": "torchdistx"}
+# the same optimizer, not CUDA-only, for each CUDA-only one
+_CPU_ALTERNATIVE = {"adalomo": "lomo", "galore_adamw_8bit": "galore_adamw",
+                    "galore_adamw_8bit_layerwise": "galore_adamw_layerwise"}
+
+# constructor arguments ft adds on a machine without CUDA, for optimizers whose transformers handler cannot be told
+# them through optim_args (it reads only the keys in their Traits.args). torch-optimi 0.3 decides Triton-or-not from
+# an empty parameter list, so wherever Triton is importable it takes the Triton path, which fails on CPU tensors
+# ("0 active drivers"); triton=False selects its for-loop path.
+_NO_CUDA_OPTIMIZER_KWARGS = {"stable_adamw": {"triton": False}}
 
 
 @dataclass(frozen=True)
@@ -80,19 +84,38 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
     return problems
 
 
+def optimizer_defaults(recipe: Recipe, hw: Hardware) -> dict:
+    """Keyword arguments ft adds to the named optimizer's constructor on this machine (on top of what transformers'
+    handler builds from the recipe): ``{"triton": False}`` for ``stable_adamw`` without CUDA, else nothing."""
+    return {} if hw.cuda else dict(_NO_CUDA_OPTIMIZER_KWARGS.get(recipe.optimizer.name, {}))
+
+
 def _optimizer_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
     name = recipe.optimizer.name
     info = traits(name)
     if info.cuda_only and not hw.cuda:
-        return [Problem("optimizer.name", f"`{name}` runs on CUDA GPUs only and none is visible; on this machine "
-                        "use e.g. `adamw_torch` (or `lomo` instead of `adalomo`, `galore_adamw` instead of its "
-                        "8-bit form).")]
+        return [Problem("optimizer.name", f"`{name}` runs on CUDA GPUs only (it fails on a CPU-only torch) and none "
+                        f"is visible; on this machine use `{_CPU_ALTERNATIVE.get(name, 'adamw_torch')}`.")]
     if info.layerwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return [Problem("optimizer.name", f"`{name}` works on a single process only, and this run has "
                         f"WORLD_SIZE={os.environ['WORLD_SIZE']}; launch one process or choose a non-layerwise "
                         "optimizer.")]
-    module = _MODULES.get(info.package or "")
-    if module and importlib.util.find_spec(module) is None:
-        return [Problem("optimizer.name", f"`{name}` needs the `{info.package}` package, which is not "
-                        f"installed; run `pip install {info.package}` (or `pip install 'ft[optim]'`).")]
+    if info.package and importlib.util.find_spec(PACKAGES[info.package].module) is None:
+        return [Problem("optimizer.name", _missing_package(name, info.package))]
     return []
+
+
+def _missing_package(name: str, package: str) -> str:
+    """Why ``name`` cannot train here and the fix, by where the package comes from (``PACKAGES``)."""
+    source = PACKAGES[package]
+    if source.install == "ft[optim]":
+        return (f"`{name}` needs the `{package}` package, which is not installed; run `pip install {package}` "
+                "(or `pip install 'ft[optim]'` for all of ft's optional optimizers).")
+    if source.install == "ft":
+        return (f"`{name}` needs the `{package}` package, one of ft's own dependencies, which is not installed; "
+                f"run `pip install {package}` (or reinstall ft).")
+    if source.install == "pip":
+        return (f"`{name}` needs `{package}` ({source.purpose}), which ft does not install; run "
+                f"`pip install {package}`, or choose e.g. `adamw_torch`.")
+    return (f"`{name}` needs `{package}` ({source.purpose}), which is not installed and which ft does not install; "
+            "on this machine choose e.g. `adamw_torch`.")

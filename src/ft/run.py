@@ -107,7 +107,8 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
         prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.JIT_DEFAULT}
-    inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks))
+    inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
+                           hardware.optimizer_defaults(recipe, hw))
     return build_trainer(recipe, inputs), prepared
 
 

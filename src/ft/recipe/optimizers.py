@@ -1,10 +1,29 @@
-"""What each optimizer needs, as data (no torch): the Trainer docs' integration table, as rules read it.
+"""What each transformers optimizer needs, as data (no torch): read by the rules (``recipe.rules``), the machine
+checks (``ft.hardware``) and the trainer builder.
 
-CUDA-only here means "fails on a CPU-only torch" (checked with torch 2.13 CPU: adalomo and
-galore_adamw_8bit assert CUDA; lomo and the bitsandbytes 8-bit/paged optimizers train).
+Names are transformers' ``optim`` values (read from the generated field table, so a new transformers release
+brings its new names; a name missing from ``TRAITS`` is taken to need nothing, and ``tests/test_optimizers.py``
+trains every name, so such a name is caught if that is wrong).
 
-Names are transformers' ``optim`` values (read from the generated field table, so a new transformers
-release brings its new names). Only optimizers with a requirement appear in ``TRAITS``.
+Verified by training the tiny model a few steps with every name (``tests/test_optimizers.py``) on a CPU-only machine
+with torch 2.13.0+cpu, transformers 5.24.0, bitsandbytes 0.50.2, galore-torch 1.0, lomo-optim 0.1.1,
+schedulefree 1.4.1, apollo-torch 1.0.3, grokadamw 0.1.2, torch-optimi 0.3.3 and torchao 0.18.0:
+
+- CUDA-only (fail on a CPU-only torch): ``adalomo`` (``AdaLomo.__init__`` puts its state on ``.cuda()``),
+  ``galore_adamw_8bit`` and ``galore_adamw_8bit_layerwise`` (``GaLoreAdamW8bit.step`` calls
+  ``torch.cuda.synchronize()``).
+- Train on the CPU: everything else that installs, including all bitsandbytes 8-bit, 32-bit and paged optimizers
+  (paged memory falls back to ordinary memory), ``ademamix``, ``lion_*``, ``rmsprop_bnb*``, ``lomo``, GaLore
+  (adamw, adafactor, adamw layerwise), APOLLO and APOLLO-Mini (layerwise too), GrokAdamW, the schedule-free three,
+  ``stable_adamw`` (with ``triton=False`` where a CPU machine has Triton installed: ``hardware.optimizer_defaults``)
+  and torchao's ``adamw_torch_4bit``/``8bit`` (compiled with ``torch.compile``: a C++ compiler on the machine;
+  torchao is installed by hand, see ``PACKAGES``).
+- Cannot be built by transformers 5.24 on any machine: ``galore_adafactor_layerwise`` (``unbuildable``).
+- Platform packages ft does not install: ``torch-xla`` (TPUs), ``torch-npu`` (Ascend NPUs), ``torchdistx`` (not on
+  PyPI); those names are refused with the reason when the package is absent.
+
+``args`` lists the ``optim_args`` keys transformers' handler for the name reads (``optimizer.args`` becomes
+``optim_args``); any other key would be dropped without a word, so the rules refuse it.
 """
 
 from __future__ import annotations
@@ -16,39 +35,96 @@ from .train_section import field_table
 
 @dataclass(frozen=True)
 class Traits:
-    package: str | None = None  # pip package that provides it
-    cuda_only: bool = False
-    layerwise: bool = False  # updates during backward: one process, no clipping, no DeepSpeed
+    package: str | None = None  # pip package that provides it (``PACKAGES``)
+    cuda_only: bool = False  # fails on a CPU-only torch
+    layerwise: bool = False  # updates during backward: one process, no clipping, no accumulation, no DeepSpeed
     needs_target_modules: bool = False  # GaLore/APOLLO project only the named modules
     schedule_free: bool = False  # pairs with a constant schedule
+    args: tuple[str, ...] = ()  # the optim_args keys transformers reads for it
+    unbuildable: str = ""  # why the installed transformers cannot build it (refused by a rule), else ""
 
 
-_BNB = Traits(package="bitsandbytes")  # 8-bit and paged optimizers run on CPU too (paged falls back)
+@dataclass(frozen=True)
+class Package:
+    module: str  # the name it is imported by
+    install: str  # "ft": one of ft's dependencies; "ft[optim]": ft's optional extra; "pip": on PyPI, not installed
+    # by ft (heavy, or slows every model load); "": not installed by ft, nor from PyPI on a common machine
+    purpose: str = ""  # for packages ft does not install: what they are, said in the refusal
+
+
+PACKAGES: dict[str, Package] = {
+    "bitsandbytes": Package("bitsandbytes", "ft"),
+    "galore-torch": Package("galore_torch", "ft"),
+    "lomo-optim": Package("lomo_optim", "ft"),
+    "schedulefree": Package("schedulefree", "ft"),
+    "apollo-torch": Package("apollo_torch", "ft[optim]"),
+    "grokadamw": Package("grokadamw", "ft[optim]"),
+    "torch-optimi": Package("optimi", "ft[optim]"),
+    # installed, transformers imports torchao on every model load (~2 s and log noise on CPU): not in ft[optim]
+    "torchao": Package("torchao", "pip", "PyTorch's low-bit optimizers, compiled with torch.compile"),
+    "torch-xla": Package("torch_xla", "", "the PyTorch/XLA runtime for Google TPUs"),
+    "torch-npu": Package("torch_npu", "", "the PyTorch adapter for Huawei Ascend NPUs"),
+    "torchdistx": Package("torchdistx", "", "not on PyPI: built from source against a matching torch"),
+}
+
+_BNB_ADEMAMIX = ("beta1", "beta2", "beta3", "alpha", "eps", "t_alpha", "t_beta3")
+_GALORE = ("rank", "update_proj_gap", "scale", "proj_type")
+_APOLLO = ("rank", "proj", "scale_type", "update_proj_gap", "scale", "proj_type")
+_SCHEDULE_FREE = Traits("schedulefree", schedule_free=True, args=("weight_lr_power", "r"))
+_TORCHAO = Traits("torchao", args=("block_size", "bf16_stochastic_round"))
+
 TRAITS: dict[str, Traits] = {
-    **{name: _BNB for name in ("adamw_bnb_8bit", "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit",
-                               "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit",
-                               "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb",
-                               "rmsprop_bnb_8bit", "rmsprop_bnb_32bit")},
+    # torch.optim and transformers' own
+    "adamw_torch": Traits(),
     "adamw_torch_fused": Traits(),
-    "galore_adamw": Traits("galore-torch", needs_target_modules=True),
-    "galore_adafactor": Traits("galore-torch", needs_target_modules=True),
-    "galore_adamw_8bit": Traits("galore-torch", cuda_only=True, needs_target_modules=True),
-    "galore_adamw_layerwise": Traits("galore-torch", layerwise=True, needs_target_modules=True),
-    "galore_adafactor_layerwise": Traits("galore-torch", layerwise=True, needs_target_modules=True),
-    "galore_adamw_8bit_layerwise": Traits("galore-torch", cuda_only=True, layerwise=True, needs_target_modules=True),
-    "apollo_adamw": Traits("apollo-torch", needs_target_modules=True),
-    "apollo_adamw_layerwise": Traits("apollo-torch", layerwise=True, needs_target_modules=True),
+    "adafactor": Traits(),
+    "sgd": Traits(args=("momentum", "dampening", "weight_decay", "nesterov")),
+    "adagrad": Traits(args=("lr_decay", "weight_decay", "eps")),
+    "rmsprop": Traits(args=("momentum", "alpha", "eps", "weight_decay", "centered")),
+    # other accelerators and packages ft does not install
+    "adamw_torch_xla": Traits("torch-xla"),
+    "adamw_torch_npu_fused": Traits("torch-npu"),
+    "adamw_anyprecision": Traits("torchdistx", args=("use_kahan_summation", "momentum_dtype", "variance_dtype",
+                                                     "compensation_buffer_dtype")),
+    # torchao's low-bit AdamW
+    "adamw_torch_4bit": _TORCHAO,
+    "adamw_torch_8bit": _TORCHAO,
+    # bitsandbytes: every one trains on the CPU. rmsprop_bnb* reads no key: transformers hands optim_args on
+    # unparsed, as text, which bitsandbytes' RMSprop cannot compute with.
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "lion_8bit",
+                     "lion_32bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit",
+                     "rmsprop_bnb_32bit"), Traits("bitsandbytes")),
+    **dict.fromkeys(("ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit"),
+                    Traits("bitsandbytes", args=_BNB_ADEMAMIX)),
+    # GaLore
+    "galore_adamw": Traits("galore-torch", needs_target_modules=True, args=_GALORE),
+    "galore_adafactor": Traits("galore-torch", needs_target_modules=True, args=_GALORE),
+    "galore_adamw_8bit": Traits("galore-torch", cuda_only=True, needs_target_modules=True, args=_GALORE),
+    "galore_adamw_layerwise": Traits("galore-torch", layerwise=True, needs_target_modules=True, args=_GALORE),
+    "galore_adamw_8bit_layerwise": Traits("galore-torch", cuda_only=True, layerwise=True, needs_target_modules=True,
+                                          args=_GALORE),
+    "galore_adafactor_layerwise": Traits(
+        "galore-torch", layerwise=True, needs_target_modules=True, args=_GALORE,
+        unbuildable="it gives each layer's GaLoreAdafactor the learning rate but not `relative_step=False` (only "
+        "`galore_adafactor` gets that), and GaLoreAdafactor refuses the pair (\"Cannot combine manual `lr` and "
+        "`relative_step=True`\"); use `galore_adafactor` or `galore_adamw_layerwise`."),
+    # APOLLO (APOLLO-Mini is apollo_adamw with args {proj: random, rank: 1, scale: 128, scale_type: tensor})
+    "apollo_adamw": Traits("apollo-torch", needs_target_modules=True, args=_APOLLO),
+    "apollo_adamw_layerwise": Traits("apollo-torch", layerwise=True, needs_target_modules=True, args=_APOLLO),
+    # LOMO fuses the update into backward; AdaLomo keeps its state on the GPU
     "lomo": Traits("lomo-optim"),
     "adalomo": Traits("lomo-optim", cuda_only=True),
-    "grokadamw": Traits("grokadamw"),
-    "schedule_free_adamw": Traits("schedulefree", schedule_free=True),
-    "schedule_free_radam": Traits("schedulefree", schedule_free=True),
-    "schedule_free_sgd": Traits("schedulefree", schedule_free=True),
-    "stable_adamw": Traits("torch-optimi"),
-    "adamw_torch_xla": Traits(package="torch_xla"),
-    "adamw_torch_npu_fused": Traits(package="torch_npu"),
-    "adamw_anyprecision": Traits(package="torchdistx"),
+    "grokadamw": Traits("grokadamw", args=("alpha_init", "lamb", "gamma", "grokking_signal_decay_rate",
+                                           "gradient_clipping")),
+    "schedule_free_adamw": _SCHEDULE_FREE,
+    "schedule_free_radam": _SCHEDULE_FREE,
+    "schedule_free_sgd": _SCHEDULE_FREE,
+    "stable_adamw": Traits("torch-optimi", args=("max_lr", "kahan_sum", "decouple_lr")),
 }
+
+# optim_args keys transformers reads but mishandles; ``recipe.rules.optimizer_args_reach_the_optimizer`` refuses them
+PASSED_ON_AS_TEXT = {"adamw_torch_4bit": ("block_size",), "adamw_torch_8bit": ("block_size",)}  # '128' % … fails
+FALSE_READ_AS_TRUE = {"stable_adamw": ("kahan_sum", "decouple_lr")}  # read with bool(text): bool("False") is True
 
 
 def optimizer_names() -> list[str]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .errors import Problem
+from .errors import Problem, did_you_mean
 from .methods import METHOD_SECTIONS, METHODS
-from .optimizers import traits
+from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
 from .train_section import method_fields
 
 Rule = Callable[[object], list[Problem]]
@@ -182,7 +182,55 @@ def layerwise_optimizer_limits(recipe) -> list[Problem]:
         if args.get(key):
             problems += error(f"train.{key}", f"`{name}` runs on a single process only; remove `train.{key}` "
                               "or choose a non-layerwise optimizer.")
+    if effective(recipe, "gradient_accumulation_steps") > 1:  # transformers: "does not support gradient accumulation"
+        problems += error("train.gradient_accumulation_steps", f"`{name}` steps each layer as soon as its gradient "
+                          "is ready, so there is nothing to accumulate; set it to 1 (raise "
+                          "`train.per_device_train_batch_size` instead) or choose a non-layerwise optimizer.")
     return problems
+
+
+@rule
+def optimizer_transformers_can_build(recipe) -> list[Problem]:
+    """A name transformers accepts but cannot build fails only once the model has loaded; refuse it up front."""
+    why = traits(recipe.optimizer.name).unbuildable
+    return error("optimizer.name", f"transformers cannot build `{recipe.optimizer.name}`: {why}") if why else []
+
+
+@rule
+def optimizer_args_reach_the_optimizer(recipe) -> list[Problem]:
+    """``optimizer.args`` become transformers' ``optim_args`` ("k=v,k=v"), of which each optimizer's handler reads a
+    few keys and drops the rest without a word; every key must be one it reads, and every value one that survives
+    the text form and is read as written."""
+    opt = recipe.optimizer
+    if getattr(opt, "cls", None) is not None or opt.name not in TRAITS:  # your own class; a name newer than TRAITS
+        return []
+    return [problem for key, value in opt.args.items() for problem in _optim_arg_problems(opt.name, key, value)]
+
+
+def _optim_arg_problems(name: str, key: str, value) -> list[Problem]:
+    path, reads = f"optimizer.args.{key}", traits(name).args
+    if key not in reads:
+        known = f"it reads only {', '.join(reads)}" if reads else "it reads none"
+        return error(path, f"transformers does not pass `{key}` to `{name}` ({known}), so it would be silently "
+                     f"ignored; remove it.{did_you_mean(key, reads)}")
+    if not _survives_text(value):
+        return error(path, "reaches transformers as text in `k=v,k=v` form (optim_args), so its value must be a "
+                     "number, true/false or a word without commas, `=` or spaces.")
+    if key in PASSED_ON_AS_TEXT.get(name, ()):
+        return error(path, f"transformers passes `{key}` on to `{name}` as text, which the optimizer cannot "
+                     "compute with; remove it (the optimizer's default applies).")
+    if key in FALSE_READ_AS_TRUE.get(name, ()) and str(value).lower() in ("false", "0", "no"):
+        return error(path, f"transformers reads `{key}` with bool() of its text, so `{value}` would turn it on; "
+                     "remove it for the optimizer's default.")
+    return []
+
+
+def _survives_text(value) -> bool:
+    """Whether ``k=value`` comes back out of transformers' optim_args parsing (split on "," and "=", spaces
+    dropped) as the value written."""
+    if isinstance(value, str):
+        return bool(value) and not any(c in value for c in ", =\t")
+    return isinstance(value, bool | int | float)
 
 
 @rule
@@ -197,11 +245,15 @@ def schedule_free_wants_constant(recipe) -> list[Problem]:
 
 
 @rule
-def adalomo_without_clipping(recipe) -> list[Problem]:
-    """"AdaLomo works better without grad_norm, which improves performance and throughput.\""""
-    if recipe.optimizer.name == "adalomo" and effective(recipe, "max_grad_norm"):
-        return warning("train.max_grad_norm", "AdaLomo works better without gradient clipping; "
-                       "set `train.max_grad_norm: 0`.")
+def lomo_without_clipping(recipe) -> list[Problem]:
+    """"AdaLomo works better without grad_norm, which improves performance and throughput." And LOMO and AdaLomo
+    update each parameter inside backward and free its gradient, so the Trainer's clipping finds none (grad_norm
+    logs 0.0): max_grad_norm does nothing there."""
+    name = recipe.optimizer.name
+    if name in ("lomo", "adalomo") and effective(recipe, "max_grad_norm"):
+        return warning("train.max_grad_norm", f"`{name}` updates each parameter inside backward and frees its "
+                       "gradient, so the Trainer's gradient clipping finds nothing to clip (and AdaLomo works better "
+                       "without it); set `train.max_grad_norm: 0`.")
     return []
 
 
