@@ -133,6 +133,12 @@ def test_packing_is_sft_only(write_recipe, tmp_path):
     assert "sft" in errors["data.packing"]
 
 
+def test_neftune_is_sft_only(write_recipe, tmp_path):
+    errors = _errors(write_recipe, tmp_path, {"train.neftune_noise_alpha": 5}, base=preference_recipe(tmp_path))
+    assert "sft" in errors["train.neftune_noise_alpha"]
+    assert load_recipe(write_recipe(tiny_sft(tmp_path / "out", neftune_noise_alpha=5))).recipe  # SFT takes it
+
+
 def test_preference_methods_need_preference_data(write_recipe, tmp_path):
     base = preference_recipe(tmp_path, "kto")
     errors = _errors(write_recipe, tmp_path, {"data.eval": [{"path": str(DATA / "eval.jsonl"), "format": "chat"}]},

@@ -294,6 +294,19 @@ def packing_is_sft_only(recipe) -> list[Problem]:
 
 
 @rule
+def neftune_is_sft_only(recipe) -> list[Problem]:
+    """NEFTune is "a new technique for enhancing supervised fine-tuning" (transformers PR #27141), and Trainer.train
+    applies it to any method: with DPO/KTO on a LoRA adapter it perturbs the reference log-probs too (the reference
+    pass is the same model with the adapter off), and with GRPO it perturbs generation (noise alpha/sqrt(d) on every
+    decoded token)."""
+    if recipe.train_args.get("neftune_noise_alpha") and recipe.method != "sft":
+        return error("train.neftune_noise_alpha", f"NEFTune (noisy input embeddings) is for method `sft`; with "
+                     f"`{recipe.method}` it would also add noise to the reference model's or the generation's "
+                     "embeddings. Remove it.")
+    return []
+
+
+@rule
 def length_sampling_without_packing(recipe) -> list[Problem]:
     """Packed sequences all have max_length tokens: grouping them by length does nothing."""
     strategy = effective(recipe, "train_sampling_strategy")
