@@ -18,9 +18,13 @@ ASSETS = ROOT / "assets" / "tiny-llama"
 DATA = ROOT / "data" / "arithmetic"
 
 
-def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the real ``ft`` command in a subprocess (exit codes and stderr are part of the contract)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
+           env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``ft`` command in a subprocess (exit codes and stderr are part of the contract). ``env`` changes
+    this process's environment for it: a value sets a variable, None removes it."""
+    changes = env or {}
+    env = {key: value for key, value in {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **changes}.items()
+           if value is not None}
     return subprocess.run([sys.executable, "-m", "ft", *args], cwd=cwd or ROOT, env=env, text=True,
                           capture_output=True, timeout=timeout)
 

@@ -107,9 +107,8 @@ def test_all_problems_are_reported_at_once_with_lines(write_recipe, tmp_path):
 
 
 def test_secrets_are_redacted_in_the_resolved_recipe(write_recipe, tmp_path):
-    recipe = tiny_sft(tmp_path / "out", hub_token="hf_secret123", push_to_hub=False)
-    recipe["grpo"] = None
-    recipe.pop("grpo")
+    recipe = tiny_sft(tmp_path / "out", push_to_hub=False)  # (train.hub_token itself is refused: test_hub.py)
+    recipe["callbacks"] = [{"cls": "my_callbacks:Logger", "kwargs": {"api_key": "hf_secret123"}}]
     loaded = load_recipe(write_recipe(recipe))
     text = resolved_recipe_yaml(loaded.recipe)
     assert "hf_secret123" not in text and REDACTED in text
@@ -118,7 +117,13 @@ def test_secrets_are_redacted_in_the_resolved_recipe(write_recipe, tmp_path):
 
 def test_training_writes_the_redacted_recipe(write_recipe, tmp_path):
     out = tmp_path / "out"
-    result = run_ft("train", str(write_recipe(tiny_sft(out, max_steps=1, hub_token="hf_secret123"))))
+    (tmp_path / "my_callbacks.py").write_text("from transformers import TrainerCallback\n\n\n"
+                                              "class Logger(TrainerCallback):\n"
+                                              "    def __init__(self, api_key):\n"
+                                              "        self.api_key = api_key\n")
+    recipe = tiny_sft(out, max_steps=1)
+    recipe["callbacks"] = [{"cls": "my_callbacks:Logger", "kwargs": {"api_key": "hf_secret123"}}]
+    result = run_ft("train", str(write_recipe(recipe)))
     assert result.returncode == 0, result.stderr[-2000:]
     written = (out / "recipe.yaml").read_text()
     assert "hf_secret123" not in written and yaml.safe_load(written)["train"]["max_steps"] == 1

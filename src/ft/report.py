@@ -28,6 +28,25 @@ def summarize(status: str, log_history: list[dict], *, steps: int, train_seconds
     return summary
 
 
+def best_checkpoint(state, args) -> dict | None:
+    """The best evaluation transformers tracked for ``metric_for_best_model`` (``trainer.state``, ``trainer.args``):
+    its step, the metric (with the ``eval_`` prefix transformers adds), its value, the checkpoint saved at that step
+    (None when no checkpoint was saved there) and whether the trainer loaded it back at the end
+    (``load_best_model_at_end``: then ``final/`` holds its weights). None when the run tracked no best step (no
+    metric, no evaluation yet, or ``save_strategy: no``)."""
+    step = state.best_global_step
+    if not step or args.metric_for_best_model is None:
+        return None
+    metric = args.metric_for_best_model
+    metric = metric if metric.startswith("eval_") else f"eval_{metric}"
+    # transformers points best_model_checkpoint at checkpoint-<best step> only when that folder was saved; otherwise
+    # it keeps naming an earlier best
+    saved = state.best_model_checkpoint
+    checkpoint = saved if saved and Path(saved).name == f"checkpoint-{step}" else None
+    return {"step": step, "metric": metric, "value": state.best_metric, "checkpoint": checkpoint,
+            "loaded_at_end": bool(args.load_best_model_at_end and checkpoint)}
+
+
 def write_summary(output_dir: Path, summary: dict) -> Path:
     path = output_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")

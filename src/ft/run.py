@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoints, data, hardware, models, ranks, report
+from . import checkpoints, data, hardware, hub, models, ranks, report
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
 from .recipe.redact import resolved_recipe_yaml
@@ -44,7 +44,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     main = ranks.is_main()
     say = say if main else _silent
     hw = hardware.probe()
-    problems = hardware.check_hardware(recipe, hw)
+    problems = hardware.check_hardware(recipe, hw) + hub.check_hub(recipe)
     if problems:
         raise loaded.error(problems)
     try:
@@ -128,4 +128,5 @@ def _extra(prepared: data.PreparedData, trainer, train_seconds: float) -> dict:
     running figure counts from the first training batch instead)."""
     stats = trainer.ft_stats()
     stats["tokens_per_second"] = round(stats["tokens"] / train_seconds, 1) if train_seconds else None
-    return {"data": prepared.stats, "world_size": trainer.args.world_size, **stats}
+    return {"data": prepared.stats, "world_size": trainer.args.world_size, **stats,
+            "best": report.best_checkpoint(trainer.state, trainer.args)}

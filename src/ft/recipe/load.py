@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import Problem, RecipeError, did_you_mean
 from .methods import METHODS, moved_to_method_section
+from .redact import REDACTED, SECRET_KEY
 from .rules import check_rules
 from .schema import Recipe, recipe_model
 from .train_section import MOVED
@@ -95,8 +96,8 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 def _apply_set(raw: dict, locations: Locations, item: str, source: str) -> None:
-    where = f"--set {item}"
     key, sep, text = item.partition("=")
+    where = f"--set {key}={REDACTED}" if sep and SECRET_KEY.search(key.strip().rpartition(".")[2]) else f"--set {item}"
     if not sep or not key.strip():
         raise RecipeError([Problem("", "`--set` takes KEY=VALUE with a dotted key, e.g. train.max_steps=10", where)],
                           source)
@@ -153,7 +154,8 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
     dotted = ".".join(str(p) for p in loc)
     where = _where(dotted, locations)
     kind = err["type"]
-    value = err.get("input")
+    secret = bool(loc) and bool(SECRET_KEY.search(str(loc[-1])))  # a credential's value is never repeated
+    value = REDACTED if secret else err.get("input")
     if kind == "extra_forbidden":
         moved = {**MOVED, **moved_to_method_section(cls.model_fields["method"].default)}
         if loc[:1] == ("train",) and len(loc) == 2 and loc[-1] in moved:  # e.g. warmup_ratio, gone in 5.x
@@ -171,7 +173,8 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
         return Problem(dotted, f"got {value!r}; allowed: {', '.join(options)}.{did_you_mean(value, options)}"
                                f"{_yaml_hint(err)}", where)
     if kind == "value_error":
-        return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')} (got {value!r}).", where)
+        got = "" if secret else f" (got {value!r})"
+        return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')}{got}.", where)
     return Problem(dotted, f"{err['msg']} (got {value!r}).{_yaml_hint(err)}", where)
 
 

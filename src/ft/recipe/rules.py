@@ -444,3 +444,42 @@ def groups_need_plain_parameter_groups(recipe) -> list[Problem]:
         return error("optimizer.groups", f"`{name}` builds its own parameter groups, so per-module groups cannot be "
                      "added to it; remove `optimizer.groups` or choose e.g. adamw_torch.")
     return []
+
+
+# --- the Hub and credentials -------------------------------------------------------------------------------------
+
+
+_HUB_SETTINGS = ("hub_model_id", "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision")
+
+
+@rule
+def hub_settings_need_a_push(recipe) -> list[Problem]:
+    """transformers reads the hub_* arguments when it pushes (``push_to_hub``; TRL's GRPO also for
+    ``log_completions_hub_repo``); ft calls no push of its own, so without one they do nothing."""
+    args = recipe.train_args
+    if args.get("push_to_hub") or args.get("log_completions_hub_repo"):
+        return []
+    return [Problem(f"train.{key}", "has no effect without `train.push_to_hub: true` (nothing is pushed); set "
+                    "push_to_hub or remove this key.", level="warning") for key in _HUB_SETTINGS if key in args]
+
+
+@rule
+def train_values_hold_no_credentials(recipe) -> list[Problem]:
+    """transformers pickles its arguments, ``train:`` verbatim, into training_args.bin in every checkpoint and in
+    final/, and uploads it with every push: a credential-named key inside a ``train:`` value (a dict such as
+    ``generation_kwargs``) would travel with the run's files. (``train.hub_token`` itself is refused by the schema.)"""
+    from .redact import SECRET_KEY  # redact imports the schema; imported here, rules stay importable on their own
+
+    def paths(value, prefix: str):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                path = f"{prefix}.{key}"
+                yield from [path] if SECRET_KEY.search(str(key)) else paths(inner, path)
+        elif isinstance(value, list):
+            for i, inner in enumerate(value):
+                yield from paths(inner, f"{prefix}.{i}")
+
+    return [Problem(path, "looks like a credential, and `train:` values are pickled into training_args.bin (every "
+                    "checkpoint, final/, every push to the Hub); remove it and give the credential to the library "
+                    "that needs it through its environment variable (HF_TOKEN for the Hub).")
+            for key, value in recipe.train_args.items() for path in paths(value, f"train.{key}")]

@@ -53,6 +53,16 @@ MOVED = {
     "resume_from_checkpoint": "the --resume option of `ft train`",
 }
 
+# train.<field> -> why a recipe never carries it, and where the value goes instead. These are credentials: a recipe
+# file gets shared and committed, and transformers pickles its arguments (`train:` verbatim) into training_args.bin,
+# which it writes into every checkpoint and into final/ and uploads with every push. The error never repeats the value.
+SECRETS = {
+    "hub_token": "a token is never kept in a recipe: the file would hold it, and transformers would pickle it into "
+                 "training_args.bin, which goes into every checkpoint and final/ and up with every push to the Hub. "
+                 "Remove it and set the HF_TOKEN environment variable or run `hf auth login`: transformers finds "
+                 "the token there when it pushes",
+}
+
 _StrictFloat = Union[StrictInt, float]  # YAML `1` is a fine float; strings are not
 _KINDS: dict[str, Any] = {
     "bool": StrictBool,
@@ -90,6 +100,13 @@ def _moved(target: str):
     return reject
 
 
+def _secret(why: str):
+    def reject(value):
+        raise ValueError(why)
+
+    return reject
+
+
 def _unsupported(name: str, python_type: str):
     def reject(value):
         raise ValueError(f"takes a Python object ({python_type}) and cannot be set from a recipe")
@@ -100,6 +117,8 @@ def _unsupported(name: str, python_type: str):
 def _annotation(name: str, spec: dict, moved: dict[str, str]):
     if name in moved:
         return Annotated[Any, AfterValidator(_moved(moved[name]))]
+    if name in SECRETS:
+        return Annotated[Any, AfterValidator(_secret(SECRETS[name]))]
     kind = spec["kind"]
     if kind == "unsupported":
         return Annotated[Any, AfterValidator(_unsupported(name, spec.get("python_type", "")))]
@@ -128,7 +147,8 @@ def train_section_model(method: str, moved_to_section: tuple[tuple[str, str], ..
     """
     moved = {**MOVED, **dict(moved_to_section)}
     fields = {
-        name: (_annotation(name, spec, moved), Field(default=None, description=_describe(spec)))
+        name: (_annotation(name, spec, moved),
+               Field(default=None, description=f"Refused: {SECRETS[name]}." if name in SECRETS else _describe(spec)))
         for name, spec in sorted(method_fields(method).items())
     }
     return create_model(f"{method.upper()}TrainSection", __base__=TrainSection, **fields)
