@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def test_auto_skips_incomplete_and_orders_numerically(tmp_path):
     _checkpoint(tmp_path, 14, state='{"global_step": 14, "log_hi')  # killed while writing its state file
     (tmp_path / "checkpoint-16").mkdir()  # killed before the state file
     assert resolve_resume("auto", tmp_path) == str(newest_complete)
-    assert resolve_resume("never", tmp_path) is None
+    with pytest.raises(ResumeError, match="holds another run"):  # a fresh run would mix with these
+        resolve_resume("never", tmp_path)
     assert resolve_resume("auto", tmp_path / "empty") is None
 
 
@@ -91,22 +93,39 @@ from transformers import TrainerCallback
 
 
 class SlowSteps(TrainerCallback):
-    \"\"\"Makes each step last 50 ms and, at step 5, tells the test that training is under way.\"\"\"
+    \"\"\"Makes each step last 50 ms and tells the test how far training is: the last step in `progress`, and
+    `training-started` from step 5 on.\"\"\"
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.05)
+        out = Path(args.output_dir)
+        if args.process_index == 0:  # one writer: several processes would race on the temporary file
+            (out / "progress.tmp").write_text(str(state.global_step))
+            (out / "progress.tmp").replace(out / "progress")
         if state.global_step == 5:
-            (Path(args.output_dir) / "training-started").write_text("")
+            (out / "training-started").write_text("")
 """
 
 
 def sigterm_once_started(process: subprocess.Popen, out) -> None:
     """Send SIGTERM to ``process`` once SlowSteps says training is under way (its 5th step)."""
+    signal_at_step(process, out, 5, signal.SIGTERM)
+
+
+def signal_at_step(process: subprocess.Popen, out, step: int, signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to ``process`` once SlowSteps reports ``step`` (or a later one)."""
     deadline = time.monotonic() + 300
-    while not (out / "training-started").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "training never started"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    while _progress(out) < step:
+        assert process.poll() is None and time.monotonic() < deadline, f"training never reached step {step}"
+        time.sleep(0.05)
+    process.send_signal(signum)
+
+
+def _progress(out) -> int:
+    try:
+        return int((out / "progress").read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 STEP_LOG = """
@@ -142,47 +161,52 @@ def assert_same_final_weights(run, reference) -> None:
     assert not different, f"{len(different)} of {len(ours)} tensors differ from the uninterrupted run: {different[:3]}"
 
 
-def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write_recipe, tmp_path):
+def _stop(command, out, env, at_step: int, signum=signal.SIGTERM) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    signal_at_step(process, out, at_step, signum)
+    _, stderr = process.communicate(timeout=300)
+    return process, stderr
+
+
+def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     (tmp_path / "step_log.py").write_text(STEP_LOG)
-    out = tmp_path / "out"
+    out, total = tmp_path / "out", 150
     # save_strategy "no": no periodic checkpoints. transformers saves the JIT checkpoint 3 s after the signal: with
-    # steps of >= 50 ms (SlowSteps) at most 60 steps after step 5, well before step 100
-    recipe = tiny_sft(out, max_steps=100, logging_steps=10)
+    # steps of >= 50 ms (SlowSteps) at most 60 steps later, so both stops come well before step 150
+    recipe = tiny_sft(out, max_steps=total)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
-    command = [sys.executable, "-m", "ft", "train", str(path)]
+    command = [sys.executable, "-m", "ft", "train", str(path), "--set", "train.logging_steps=10"]
+    resume = shlex.join(["ft", "train", str(path), "--set", "train.logging_steps=10"])
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    sigterm_once_started(process, out)
-    _, stderr = process.communicate(timeout=300)
-
-    assert process.returncode == 143, stderr[-3000:]
-    checkpoints = complete_checkpoints(out)
-    assert len(checkpoints) == 1, stderr[-3000:]
-    stopped_at = int(checkpoints[0].name.split("-")[1])
-    assert 5 <= stopped_at < 100
-    assert not (out / "final").exists()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoints[0])
-    assert summary["steps"] - stopped_at in (0, 1)  # acted on before an optimizer step, the save is one step back
-    assert "stopped by SIGTERM" in stderr and f"ft train {path}" in stderr
-    assert "Traceback" not in stderr
+    stops = []
+    for at_step in (5, None):  # the second stop comes 10 steps after the first
+        process, stderr = _stop(command, out, env, at_step or stops[-1] + 10)
+        assert process.returncode == 143, stderr[-3000:]
+        checkpoint = complete_checkpoints(out)[-1]
+        stops.append(int(checkpoint.name.split("-")[1]))
+        assert not (out / "final").exists() and "Traceback" not in stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
+        assert summary["stopped_by"] == "SIGTERM" and summary["resume_command"] == resume
+        assert summary["steps"] - stops[-1] in (0, 1)  # acted on before an optimizer step, the save is a step back
+        # the resume command is the one that was run, --set included, and the wait before the save is explained
+        assert "stopped by SIGTERM" in stderr and resume in stderr and "waits 3 s after the signal" in stderr
+    assert 5 <= stops[0] < stops[1] < total
 
     resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {checkpoints[0]}" in resumed.stderr
+    assert f"resuming from {out / f'checkpoint-{stops[1]}'}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 100
-    assert summary["last_train_loss"] < summary["first_train_loss"]  # the history runs on from the checkpoint's
-    assert (out / "final" / "config.json").is_file()
-    # the second run took up at the step after the checkpoint's (a fresh start would have taken steps 1-100) ...
-    _, second_run = steps_by_run(out / "steps-rank0.log")
-    assert second_run == list(range(stopped_at + 1, 101))
+    assert summary["status"] == "completed" and summary["steps"] == total
+    # each run took up at the step after the checkpoint's (a fresh start would have taken steps 1-150) ...
+    first, second, third = steps_by_run(out / "steps-rank0.log")
+    assert second[0] == stops[0] + 1 and third == list(range(stops[1] + 1, total + 1))
     # ... with the checkpoint's weights, optimizer, scheduler and place in the data: it ends where an uninterrupted
-    # run of the same recipe and seed ends, tensor for tensor (SlowSteps and StepLog only sleep and write a file)
-    uninterrupted = tiny_sft(tmp_path / "uninterrupted", max_steps=100, logging_steps=10)
+    # run of the same recipe and seed ends, tensor for tensor (SlowSteps and StepLog only sleep and write files)
+    uninterrupted = tiny_sft(tmp_path / "uninterrupted", max_steps=total, logging_steps=10)
     reference = run_ft("train", str(write_recipe(uninterrupted, name="uninterrupted.yaml")))
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert_same_final_weights(out, tmp_path / "uninterrupted")
@@ -190,6 +214,34 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_same_command_resumes(write
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 2 and "already holds a completed run" in again.stderr
     assert "--resume never" in again.stderr
+
+
+def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, tmp_path):
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=150)
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    command = [sys.executable, "-m", "ft", "train", str(write_recipe(recipe))]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+
+    process, stderr = _stop(command, out, env, 5, signal.SIGINT)  # one Ctrl-C: a JIT checkpoint, as for SIGTERM
+    assert process.returncode == 130, stderr[-3000:]
+    (checkpoint,) = complete_checkpoints(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGINT" and summary["checkpoint"] == str(checkpoint)
+    assert "stopped by SIGINT" in stderr and "Traceback" not in stderr and not (out / "final").exists()
+
+    # resumed, then Ctrl-C twice: the second ends the process at once, before the JIT save (3 s after the first)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    signal_at_step(process, out, _progress(out) + 3, signal.SIGINT)
+    time.sleep(0.5)
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and time.monotonic() - started < 10, stderr[-3000:]
+    assert "stopped at once" in stderr and "Traceback" not in stderr
+    assert complete_checkpoints(out) == [checkpoint]  # nothing new was written as complete
+    assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(checkpoint)
 
 
 def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp_path):

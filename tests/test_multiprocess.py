@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -58,6 +59,8 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= {p.name for p in checkpoint.iterdir()}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
+    # the resume command is the launcher's, which started both processes (each one's parent)
+    assert summary["resume_command"] == shlex.join(_torchrun(path)), summary["resume_command"]
     assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 60
     assert not (out / "final").exists()
 

@@ -1,18 +1,19 @@
-"""Where a run resumes from, and whether it stopped for a JIT checkpoint.
+"""Where a run resumes from: the newest complete checkpoint, a path, or nothing (and then not on top of another run).
 
-Preemption: with ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), transformers answers
-SIGTERM by saving ``checkpoint-<step>`` at the next step boundary and ending training. ``SigtermWatch``
-records that the signal came, so ft can tell that stop from a finished run (or an early-stopped one): it
-then writes no ``final/``, marks the summary ``stopped`` and exits 143.
+``--resume never`` into a directory that holds another run's checkpoints, ``final/`` or summary is refused unless
+``--overwrite`` clears them first: a fresh run would leave the old run's higher-numbered checkpoints in place, where
+a later ``--resume auto`` would pick them up. How a run stops by signal is in ``ft.signals``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
+import shlex
+import shutil
 from pathlib import Path
+
+from .recipe.redact import REDACTED, SECRET_KEY
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
 
@@ -48,10 +49,38 @@ def _state_readable(checkpoint: Path) -> bool:
 JIT_DEFAULT = {"enable_jit_checkpoint": True}
 
 
-def resolve_resume(mode: str, output_dir: Path) -> str | None:
+def previous_run(output_dir: Path) -> list[str]:
+    """What another run left in ``output_dir`` (its checkpoints, ``final/``, ``summary.json``), by name."""
+    names = sorted((p.name for p in output_dir.glob("checkpoint-*") if p.is_dir()), key=_step)
+    return names + [name for name in ("final", "summary.json") if (output_dir / name).exists()]
+
+
+def clear_previous_run(output_dir: Path) -> None:
+    """Delete what a run writes in ``output_dir`` (``--overwrite``); files of the user's own stay."""
+    for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("error*.log"),
+                 *(output_dir / name for name in ("final", "plots", "summary.json", "recipe.yaml"))]:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> str | None:
     """``auto``: the newest complete checkpoint, if any (an error when the run there already completed);
-    ``never``: start fresh; else a path."""
+    ``never``: start fresh, where no other run is (or after clearing it, with ``overwrite``); else a path."""
+    if overwrite:
+        if mode not in ("auto", "never"):
+            raise ResumeError(f"--overwrite deletes the run in {output_dir} and starts over, so it cannot resume from "
+                              f"{mode}; drop one of the two.")
+        clear_previous_run(output_dir)
+        return None
     if mode == "never":
+        found = previous_run(output_dir)
+        if found:
+            shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
+            raise ResumeError(f"--resume never: {output_dir} holds another run ({shown}); a new run there would mix "
+                              "with it (a later --resume auto would pick up its checkpoints). Add --overwrite to "
+                              "delete them first, or set train.output_dir to a new directory.")
         return None
     if mode == "auto":
         if _completed(output_dir):
@@ -67,47 +96,41 @@ def resolve_resume(mode: str, output_dir: Path) -> str | None:
     return str(path)
 
 
+def _step(name: str) -> int:
+    match = re.fullmatch(r"checkpoint-(\d+)", name)
+    return int(match.group(1)) if match else -1
+
+
+def resume_command(argv: list[str], parent_cmdline: Path | None = None) -> str:
+    """The command that resumes this run, quoted for a shell: the command that started it, without ``--resume``
+    (``auto``, the default, picks the newest complete checkpoint) and ``--overwrite`` (which would delete it), and
+    with the values of credential-named ``--set`` keys redacted (it is printed and saved in summary.json).
+    Under torchrun (``parent_cmdline``: the launcher's /proc/<pid>/cmdline) the launcher's command line is used."""
+    if parent_cmdline is not None:
+        try:
+            argv = [part.decode() for part in parent_cmdline.read_bytes().split(b"\0") if part]
+        except OSError:
+            argv = ["torchrun", "…", "-m", "ft", *argv[1:]]
+    else:
+        argv = ["ft", *argv[1:]]
+    kept, skip = [], False
+    for part in argv:
+        if skip:
+            skip = False
+        elif part == "--resume":
+            skip = True
+        elif part != "--overwrite" and not part.startswith("--resume="):
+            kept.append(_redacted(part) if kept and kept[-1] == "--set" else part)
+    return shlex.join(kept)
+
+
+def _redacted(assignment: str) -> str:
+    key, sep, _ = assignment.partition("=")
+    return f"{key}={REDACTED}" if sep and SECRET_KEY.search(key.rpartition(".")[2]) else assignment
+
+
 def _completed(output_dir: Path) -> bool:
     try:
         return json.loads((output_dir / "summary.json").read_text()).get("status") == "completed"
     except (OSError, ValueError, AttributeError):
         return False
-
-
-class SigtermWatch:
-    """While open, notes a SIGTERM. With ``pass_on`` it then calls the handler installed before (transformers' JIT
-    checkpoint handler, or the default one, which ends the process as usual); without, the signal is only noted,
-    for ``ft.trainers.preemption.StopTogether`` to act on in step with the other processes."""
-
-    def __init__(self, pass_on: bool = True):
-        self.received = False
-        self.pass_on = pass_on
-        self._previous = None
-
-    def __enter__(self):
-        self._previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.received = True
-        if not self.pass_on:
-            return
-        if callable(self._previous):
-            self._previous(signum, frame)
-        elif self._previous != signal.SIG_IGN:  # the default action: end the process, killed by the signal
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def __exit__(self, *exc):
-        if signal.getsignal(signal.SIGTERM) == self._handle:  # transformers may have restored its own already
-            signal.signal(signal.SIGTERM, self._previous)
-        return False
-
-
-def stopped_by_sigterm(global_step: int, max_steps: int, sigterm: bool) -> bool:
-    """True when training ended early after a SIGTERM: transformers then saved a JIT checkpoint (at the step
-    boundary it reached: ``checkpoint-<global_step>``, or the step before when the signal was acted on just before
-    an optimizer step). A SIGTERM in the last moments of a run that still reached ``max_steps`` leaves it
-    completed."""
-    return sigterm and global_step < max_steps

@@ -59,13 +59,29 @@ def train(
     resume: Annotated[
         str, typer.Option(help="auto (newest complete checkpoint), never, or a checkpoint path.")
     ] = "auto",
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Delete what a previous run left in the output directory (checkpoints, "
+                           "final/, summary) and start over.")
+    ] = False,
 ) -> None:
     """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
     loaded = _load(recipe, set_)
     from .run import train as run_train
 
-    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err), loaded, "training")
+    command = _resume_command()
+    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
+                      loaded, "training")
     raise typer.Exit(result.exit_code)
+
+
+def _resume_command() -> str:
+    """This command line, as the one that resumes the run; under torchrun, the launcher's (this process's parent)."""
+    import os
+
+    from .checkpoints import resume_command
+
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    return resume_command(sys.argv, Path(f"/proc/{os.getppid()}/cmdline") if launched else None)
 
 
 def _guarded(step, loaded, doing: str):

@@ -7,13 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoints, data, hardware, hub, models, ranks, report
+from . import checkpoints, data, hardware, hub, models, ranks, report, signals
+from .drift import check_drift
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
 from .recipe.redact import resolved_recipe_yaml
 from .trainers import Hooks, TrainerInputs, build_trainer, resolve_hooks
-
-EXIT_DONE, EXIT_STOPPED = 0, 143
 
 
 @dataclass(frozen=True)
@@ -21,10 +20,11 @@ class RunResult:
     status: str  # "completed" | "stopped"
     output_dir: Path
     summary: dict
+    stopped_by: int | None = None  # the signal that stopped it
 
     @property
     def exit_code(self) -> int:
-        return EXIT_DONE if self.status == "completed" else EXIT_STOPPED
+        return 0 if self.stopped_by is None else signals.exit_code(self.stopped_by)
 
 
 def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data.PreparedData:
@@ -37,12 +37,14 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)
 
 
-def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print,
-          callbacks=()) -> RunResult:
-    """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks)."""
+def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print, callbacks=(), *,
+          overwrite: bool = False, command: str | None = None) -> RunResult:
+    """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks);
+    ``command`` is the command line that resumes the run (the CLI passes the one it was started with)."""
     recipe = loaded.recipe
     main = ranks.is_main()
     say = say if main else _silent
+    command = command or f"ft train {loaded.source}"
     hw = hardware.probe()
     problems = hardware.check_hardware(recipe, hw) + hub.check_hub(recipe)
     if problems:
@@ -53,12 +55,18 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         raise loaded.error([exc.problem]) from None
     output_dir = Path(recipe.train_args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
+    with ranks.main_process_first(cpu=not hw.cuda):  # with --overwrite the main process clears, the others find it so
+        resume_from = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
+    if resume_from:
+        harmless = check_drift(recipe, output_dir, resume_from, command)
+        if harmless:
+            say("ft: resuming with changes that leave the training as it was: "
+                + "; ".join(change.render() for change in harmless))
     if main:
         (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
 
-    resume_from = checkpoints.resolve_resume(resume, output_dir)
     try:
         trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks)
     except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
@@ -68,24 +76,26 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     together = ranks.world_size() > 1 and trainer.args.enable_jit_checkpoint
     started = time.perf_counter()
-    with checkpoints.SigtermWatch(pass_on=not together) as sigterm:
+    with signals.StopWatch(pass_on=not together, resume_hint=f"To resume, run: {command}") as watch:
         if together:
             from .trainers.preemption import StopTogether
 
-            trainer.add_callback(StopTogether(sigterm))
+            trainer.add_callback(StopTogether(watch))
         trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - started
     state = trainer.state
 
-    if checkpoints.stopped_by_sigterm(state.global_step, state.max_steps, sigterm.received):
+    if signals.stopped_early(state.global_step, state.max_steps, watch.received):
         saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=None, extra=_extra(prepared, trainer, seconds))
-        summary["checkpoint"] = str(saved[-1]) if saved else None
+        name = signals.signal_name(watch.received)
+        summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
         _write_report(output_dir, summary, state.log_history, main)
-        say(f"ft: stopped by SIGTERM at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']}. "
-            f"Run the same command again to resume from it (--resume auto, the default): ft train {loaded.source}")
-        return RunResult("stopped", output_dir, summary)
+        say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']} "
+            f"(transformers waits {signals.jit_kill_wait()} s after the signal, in case a SIGKILL follows, then saves "
+            f"at the end of the step). To resume from it, run the same command again: {command}")
+        return RunResult("stopped", output_dir, summary, watch.received)
 
     final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))

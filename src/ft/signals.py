@@ -1,0 +1,101 @@
+"""Stopping a run by signal: SIGTERM (preemption, ``docker stop``, ``kill``) and SIGINT (Ctrl-C).
+
+With ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), transformers answers SIGTERM by waiting
+``kill_wait`` (3 s: a SIGKILL that follows at once means there is no time to save), then saving
+``checkpoint-<step>`` at the end of the current step and ending training. ``StopWatch`` notes which signal came,
+so that ft can tell that stop from a finished (or early-stopped) run: it then writes no ``final/``, marks the
+summary ``stopped`` and exits 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+
+- The first Ctrl-C is treated as a SIGTERM (the same checkpoint, the same 3 s); with JIT checkpointing off there is
+  nothing to save and the run ends at once.
+- A second Ctrl-C ends the process at once. A checkpoint being written then stays incomplete (transformers' marker
+  file, or no ``trainer_state.json``, which is written last) and ``--resume auto`` passes over it.
+- With several processes (``pass_on=False``) the signal is only noted; ``ft.trainers.preemption.StopTogether``
+  stops every rank at the same step end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    """The shell's status for a process ended by ``signum`` (143 for SIGTERM, 130 for SIGINT)."""
+    return 128 + signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def jit_kill_wait() -> int:
+    """Seconds transformers waits after SIGTERM before its JIT save (``CheckpointManager``'s ``kill_wait``)."""
+    import inspect
+
+    from transformers.trainer_jit_checkpoint import CheckpointManager
+
+    return inspect.signature(CheckpointManager).parameters["kill_wait"].default
+
+
+class StopWatch:
+    """While open, notes the first stop signal (``received``: its number, or None) and acts on it as above."""
+
+    def __init__(self, pass_on: bool = True, resume_hint: str = ""):
+        self.received: int | None = None
+        self.pass_on = pass_on
+        self.resume_hint = resume_hint  # printed when a second Ctrl-C ends the process at once
+        self._interrupts = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self):
+        for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, handler)
+        return self
+
+    def _on_sigterm(self, signum, frame):
+        self.received = self.received or signum
+        if self.pass_on:
+            self._pass_on_sigterm(frame)
+
+    def _on_sigint(self, signum, frame):
+        self._interrupts += 1
+        if self._interrupts > 1:
+            self._end_now()
+        self.received = self.received or signum
+        if self.pass_on and not self._pass_on_sigterm(frame, end_if_default=False):
+            self._end_now()  # JIT checkpointing is off: nothing would be saved, so there is nothing to wait for
+
+    def _pass_on_sigterm(self, frame, end_if_default: bool = True) -> bool:
+        """Call the SIGTERM handler installed before (transformers' JIT checkpoint handler); True if there was one.
+        With none, SIGTERM's default action (ending the process, killed by the signal) when ``end_if_default``."""
+        previous = self._previous[signal.SIGTERM]
+        if callable(previous):
+            previous(signal.SIGTERM, frame)
+            return True
+        if end_if_default and previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return False
+
+    def _end_now(self) -> None:
+        print(f"\nft: interrupted; stopped at once without a new checkpoint. {self.resume_hint}", file=sys.stderr,
+              flush=True)
+        os._exit(exit_code(signal.SIGINT))
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) in (self._on_sigterm, self._on_sigint):  # transformers may have restored its
+                signal.signal(signum, previous)
+        return False
+
+
+def stopped_early(global_step: int, max_steps: int, received: int | None) -> bool:
+    """True when training ended early after a stop signal: transformers then saved a JIT checkpoint (at the step
+    boundary it reached: ``checkpoint-<global_step>``, or the step before when the signal was acted on just before
+    an optimizer step). A signal in the last moments of a run that still reached ``max_steps`` leaves it completed."""
+    return received is not None and global_step < max_steps
