@@ -76,24 +76,35 @@ def test_built_trainer_carries_the_defaults_and_the_explicit_value(write_recipe,
 
 
 def test_hardware_rules_on_cpu(write_recipe, tmp_path):
-    quantized = tiny_sft(tmp_path / "out", fp16=True)
-    quantized["model"]["quantization"] = {"bits": 4}
+    quantized = tiny_sft(tmp_path / "out", fp16=True, use_liger_kernel=True)
+    quantized["model"]["quantization"] = {"bits": 4}  # the installed bitsandbytes runs 4-bit on the CPU
     quantized["adapter"] = {"kind": "lora"}
     recipe = load_recipe(write_recipe(quantized)).recipe
     problems = {p.path: p.message for p in hardware.check_hardware(recipe, CPU)}
-    assert set(problems) == {"model.quantization", "train.fp16"}
-    assert "CUDA" in problems["model.quantization"]
+    assert set(problems) == {"train.fp16", "train.use_liger_kernel"}
+    assert all("CUDA" in message for message in problems.values())
     assert hardware.check_hardware(recipe, AMPERE) == []
 
 
-def test_train_refuses_cuda_only_settings_before_loading(write_recipe, tmp_path):
+def test_quantization_is_allowed_where_bitsandbytes_supports_the_device(monkeypatch, write_recipe, tmp_path):
+    import bitsandbytes
+
     recipe = tiny_sft(tmp_path / "out")
     recipe["model"]["quantization"] = {"bits": 4}
     recipe["adapter"] = {"kind": "lora"}
-    path = write_recipe(recipe)
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    assert "cpu" in bitsandbytes.supported_torch_devices and hardware.check_hardware(loaded, CPU) == []
+    monkeypatch.setattr(bitsandbytes, "supported_torch_devices", {"cuda"})  # as a CUDA-only release would say
+    (problem,) = hardware.check_hardware(loaded, CPU)
+    assert problem.path == "model.quantization" and "cannot load 4/8-bit weights on this machine's cpu" in \
+        problem.message
+
+
+def test_train_refuses_cuda_only_settings_before_loading(write_recipe, tmp_path):
+    path = write_recipe(tiny_sft(tmp_path / "out", fp16=True))
     result = run_ft("train", str(path))
     assert result.returncode == 2
-    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("  quantization:"))
-    assert f"{path}:{line}: model.quantization:" in result.stderr and "Traceback" not in result.stderr
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith("  fp16:"))
+    assert f"{path}:{line}: train.fp16:" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
     assert yaml.safe_load(path.read_text())  # the recipe itself is fine; only this machine can't run it

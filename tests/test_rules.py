@@ -191,12 +191,16 @@ def _machine_problems(write_recipe, tmp_path, changes, hw):
     ({"optimizer": {"name": "galore_adamw_8bit_layerwise", "target_modules": ["attn"]}}, "optimizer.name"),
     ({"train.use_liger_kernel": True}, "train.use_liger_kernel"),
     ({"train.fp16": True}, "train.fp16"),
-    ({"model.quantization": {"bits": 4}, "adapter": {"kind": "lora"}}, "model.quantization"),
 ])
 def test_cuda_only_settings_are_refused_on_cpu_and_allowed_on_gpu(write_recipe, tmp_path, changes, key):
     on_cpu = _machine_problems(write_recipe, tmp_path, changes, CPU)
     assert key in on_cpu and "CUDA" in on_cpu[key]
     assert key not in _machine_problems(write_recipe, tmp_path, changes, GPU)
+
+
+def test_quantization_is_allowed_on_cpu_where_bitsandbytes_runs_there(write_recipe, tmp_path):
+    changes = {"model.quantization": {"bits": 4}, "adapter": {"kind": "lora"}}
+    assert _machine_problems(write_recipe, tmp_path, changes, CPU) == {}
 
 
 def test_cpu_capable_optimizers_are_allowed_on_cpu(write_recipe, tmp_path):

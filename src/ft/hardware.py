@@ -68,9 +68,8 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
     """What this machine cannot run of the recipe (checked before any model or data loads)."""
     problems = []
     train = recipe.train_args
-    if not hw.cuda and recipe.model.quantization is not None:
-        problems.append(Problem("model.quantization", "4/8-bit loading through bitsandbytes needs a CUDA GPU and "
-                                "none is visible; remove `model.quantization` to train in full precision here."))
+    if recipe.model.quantization is not None:
+        problems += _quantization_problems(hw)
     if not hw.cuda and train.get("fp16"):
         problems.append(Problem("train.fp16", "fp16 mixed precision needs a CUDA GPU and none is visible; "
                                 "remove it (CPU trains in float32) or use `train.bf16: true`."))
@@ -88,6 +87,23 @@ def optimizer_defaults(recipe: Recipe, hw: Hardware) -> dict:
     """Keyword arguments ft adds to the named optimizer's constructor on this machine (on top of what transformers'
     handler builds from the recipe): ``{"triton": False}`` for ``stable_adamw`` without CUDA, else nothing."""
     return {} if hw.cuda else dict(_NO_CUDA_OPTIMIZER_KWARGS.get(recipe.optimizer.name, {}))
+
+
+def _quantization_problems(hw: Hardware) -> list[Problem]:
+    """4/8-bit loading runs wherever the installed bitsandbytes has kernels for the device: asked of bitsandbytes
+    (its ``supported_torch_devices``; the CPU since its multi-backend releases), not assumed to be CUDA only."""
+    device = "cuda" if hw.cuda else "cpu"
+    try:
+        import bitsandbytes
+    except ImportError as exc:
+        return [Problem("model.quantization", f"4/8-bit loading needs bitsandbytes, which does not import here "
+                        f"({exc}); run `pip install bitsandbytes`, or remove `model.quantization`.")]
+    supported = getattr(bitsandbytes, "supported_torch_devices", {"cuda"})  # older releases: CUDA only
+    if device not in supported:
+        return [Problem("model.quantization", f"the installed bitsandbytes {bitsandbytes.__version__} cannot load "
+                        f"4/8-bit weights on this machine's {device} (it supports {', '.join(sorted(supported))}); "
+                        "upgrade bitsandbytes, or remove `model.quantization` to train in full precision here.")]
+    return []
 
 
 def _optimizer_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:

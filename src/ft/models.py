@@ -2,14 +2,14 @@
 
 ``init: random`` builds the model from the same ``config.json`` that ``init: pretrained`` would load
 weights for, so both go through one code path (the quickstart uses it to run with no hub access).
-Adapters are not applied here: the LoRA config is handed to TRL, which wraps the model itself.
+Adapters are in ``ft.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
 """
 
 from __future__ import annotations
 
 from .recipe import Recipe
 from .recipe.errors import first_line
-from .recipe.schema import AdapterSection, ModelSection, QuantizationSection
+from .recipe.schema import ModelSection, QuantizationSection
 
 
 class ModelLoadError(Exception):
@@ -20,7 +20,8 @@ def _common_kwargs(section: ModelSection) -> dict:
     return {"revision": section.revision, "trust_remote_code": section.trust_remote_code}
 
 
-def load_tokenizer(section: ModelSection):
+def load_tokenizer(section: ModelSection, say=None):
+    """The tokenizer; one without a pad token pads with its end-of-sequence token (said through ``say``)."""
     from transformers import AutoTokenizer
 
     try:
@@ -29,6 +30,9 @@ def load_tokenizer(section: ModelSection):
         raise ModelLoadError(_explain(section, "tokenizer", exc)) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+        if say is not None:
+            say(f"tokenizer: it has no pad token; padding with its end-of-sequence token {tokenizer.eos_token!r} "
+                f"(id {tokenizer.eos_token_id}), which padded positions never train on")
     return tokenizer
 
 
@@ -45,22 +49,40 @@ def _weights_kwargs(section: ModelSection) -> dict:
 
 
 def load_model(recipe: Recipe, seed: int):
+    """The base model: pretrained weights, or built from its config with ``seed``; quantized as the recipe says."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
     section = recipe.model
     kwargs = _weights_kwargs(section)
     try:
-        if section.init == "random":
-            config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
-            set_seed(seed)
-            kwargs.pop("quantization_config", None)  # nothing to quantize: there are no weights yet
-            if kwargs["dtype"] == "auto":
-                kwargs["dtype"] = torch.float32
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=section.trust_remote_code, **kwargs)
-        return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
+        if section.init == "pretrained":
+            return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
+        config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
+        set_seed(seed)
+        quantization = kwargs.pop("quantization_config", None)
+        if kwargs["dtype"] == "auto":
+            kwargs["dtype"] = torch.float32
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=section.trust_remote_code, **kwargs)
+        return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "model", exc)) from None
+
+
+def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization):
+    """A randomly initialised model, quantized: transformers quantizes while loading weights, so the new weights are
+    saved to a temporary directory and loaded back through bitsandbytes (what a smoke test of a QLoRA recipe needs)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="ft-random-base-") as folder:
+        model.save_pretrained(folder)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=section.trust_remote_code,
+                                                         **kwargs, quantization_config=quantization)
+    # what an adapter records as its base (base_model_name_or_path), not the temporary folder
+    quantized.config._name_or_path = quantized.name_or_path = section.name
+    return quantized
 
 
 def load_reference_model(name: str, section: ModelSection):
@@ -89,21 +111,6 @@ def bnb_config(section: QuantizationSection):
         bnb_4bit_quant_type=section.quant_type,
         bnb_4bit_use_double_quant=section.double_quant,
         bnb_4bit_compute_dtype=getattr(torch, section.compute_dtype),
-    )
-
-
-def lora_config(section: AdapterSection | None):
-    if section is None:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=section.r,
-        lora_alpha=section.alpha,
-        lora_dropout=section.dropout,
-        target_modules=section.target_modules,
-        modules_to_save=section.modules_to_save,
-        task_type="CAUSAL_LM",
     )
 
 

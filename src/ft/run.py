@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import checkpoints, data, hardware, hub, models, ranks, report, signals
+from . import adapters, checkpoints, data, hardware, hub, models, ranks, report, signals
 from .drift import check_drift
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
@@ -88,7 +88,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if signals.stopped_early(state.global_step, state.max_steps, watch.received):
         saved = checkpoints.complete_checkpoints(output_dir)
         summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra=_extra(prepared, trainer, seconds))
+                                   final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
         name = signals.signal_name(watch.received)
         summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
         _write_report(output_dir, summary, state.log_history, main)
@@ -100,7 +100,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     final_eval = trainer.evaluate() if prepared.eval is not None else None
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval, extra=_extra(prepared, trainer, seconds))
+                               final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
     _write_report(output_dir, summary, state.log_history, main)
     say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
     return RunResult("completed", output_dir, summary)
@@ -109,16 +109,17 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Callable[[str], None] = print,
                     callbacks=()) -> tuple[object, data.PreparedData]:
     """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains."""
-    tokenizer = models.load_tokenizer(recipe.model)
+    tokenizer = models.load_tokenizer(recipe.model, say)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
         tokenizer.chat_template = template  # final/ ships the template the model was trained with
     with ranks.main_process_first(cpu=not hw.cuda):  # one process writes data.prepared_path, the others reuse it
         prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared)
     model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
+    model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
     defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.JIT_DEFAULT}
     inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
-                           hardware.optimizer_defaults(recipe, hw))
+                           hardware.optimizer_defaults(recipe, hw), adapters.lora_config(recipe.adapter, new_token_ids))
     return build_trainer(recipe, inputs), prepared
 
 
@@ -132,11 +133,21 @@ def _silent(_message: str) -> None:
     """``say`` on the processes other than the main one."""
 
 
-def _extra(prepared: data.PreparedData, trainer, train_seconds: float) -> dict:
+def _extra(recipe: Recipe, prepared: data.PreparedData, trainer, train_seconds: float) -> dict:
     """summary.json beyond the losses: data counts, processes, and the main process's token counts. Its
     ``tokens_per_second`` is ``tokens / train_seconds``, over the same clock as ``train_seconds`` (the log lines'
     running figure counts from the first training batch instead)."""
     stats = trainer.ft_stats()
     stats["tokens_per_second"] = round(stats["tokens"] / train_seconds, 1) if train_seconds else None
-    return {"data": prepared.stats, "world_size": trainer.args.world_size, **stats,
-            "best": report.best_checkpoint(trainer.state, trainer.args)}
+    extra = {"data": prepared.stats, "world_size": trainer.args.world_size, **stats,
+             "best": report.best_checkpoint(trainer.state, trainer.args)}
+    return extra if recipe.adapter is None else {**extra, "base_model": base_model(recipe)}
+
+
+def base_model(recipe: Recipe) -> dict:
+    """The base an adapter run's final/ needs (``ft merge`` and ``ft generate`` read it): a model built from its
+    config (``init: random``) is rebuilt from the same config and seed."""
+    model = recipe.model
+    return {"name": model.name, "revision": model.revision, "init": model.init, "dtype": model.dtype,
+            "seed": recipe.train_args.get("seed", 42),
+            "quantization": model.quantization.model_dump() if model.quantization else None}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .adapter import SHAPE_KEYS
 from .errors import Problem, did_you_mean
 from .methods import METHOD_SECTIONS, METHODS
 from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
@@ -483,3 +484,17 @@ def train_values_hold_no_credentials(recipe) -> list[Problem]:
                     "checkpoint, final/, every push to the Hub); remove it and give the credential to the library "
                     "that needs it through its environment variable (HF_TOKEN for the Hub).")
             for key, value in recipe.train_args.items() for path in paths(value, f"train.{key}")]
+
+
+# --- adapters -----------------------------------------------------------------------------------------------------
+
+
+@rule
+def continued_adapter_keeps_its_shape(recipe) -> list[Problem]:
+    """An adapter continued from ``adapter.path`` is loaded with its saved ``adapter_config.json``: its rank,
+    targets and scaling cannot change, so the recipe's keys for them would be silently ignored."""
+    adapter = recipe.adapter
+    if adapter is None or not adapter.path:
+        return []
+    return [Problem(f"adapter.{key}", f"comes from {adapter.path}/adapter_config.json when continuing a saved "
+                    "adapter; remove it here.") for key in SHAPE_KEYS if key in adapter.model_fields_set]

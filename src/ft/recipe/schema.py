@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictBool, StrictStr, create_model, field_validator
 
+from .adapter import AdapterSection
 from .base import Section, resolve_input_path
 from .hooks import HooksMixin
 from .methods import METHODS, moved_to_method_section
@@ -23,7 +24,8 @@ Number = Union[int, float]
 
 
 class QuantizationSection(Section):
-    """QLoRA-style loading through bitsandbytes (CUDA only)."""
+    """QLoRA-style loading through bitsandbytes, on any device the installed bitsandbytes supports (CUDA, and the CPU
+    since bitsandbytes 0.45's multi-backend release: slowly, but enough to test a QLoRA recipe)."""
 
     bits: Literal[4, 8] = Field(description="Load the base model's linear weights in 4 or 8 bits.")
     quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
@@ -49,17 +51,6 @@ class ModelSection(Section):
     quantization: QuantizationSection | None = None
 
     resolve_name = field_validator("name")(resolve_input_path)
-
-
-class AdapterSection(Section):
-    kind: Literal["lora"] = Field("lora", description="Adapter type (PEFT).")
-    r: PositiveInt = Field(16, description="LoRA rank.")
-    alpha: PositiveInt = Field(32, description="LoRA scaling numerator (lora_alpha).")
-    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA branch.")
-    target_modules: Literal["all-linear"] | list[StrictStr] = Field(
-        "all-linear", description="Module names (or `all-linear`) that get adapters."
-    )
-    modules_to_save: list[StrictStr] | None = Field(None, description="Modules trained fully and saved.")
 
 
 class DataSource(Section):

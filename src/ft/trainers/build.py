@@ -21,7 +21,6 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..models import lora_config
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
 from .hooks import Hooks
@@ -40,6 +39,7 @@ class TrainerInputs:
     defaults: Mapping[str, object] = field(default_factory=dict)  # ft's machine defaults (rule 2 above)
     callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
     optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.hardware.optimizer_defaults
+    peft_config: object | None = None  # a new adapter's LoraConfig (ft.adapters.lora_config), for TRL to apply
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
@@ -62,7 +62,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "train_dataset": inputs.train_dataset,
         "eval_dataset": inputs.eval_dataset,
         "processing_class": inputs.tokenizer,
-        "peft_config": lora_config(recipe.adapter),
+        "peft_config": inputs.peft_config,
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
         "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),
     }
