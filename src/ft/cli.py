@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -133,6 +133,107 @@ def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
 
     prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded, "preprocessing")
     print(json.dumps(prepared.stats, indent=1))
+
+
+DtypeOpt = Annotated[
+    Literal["auto", "float32", "bfloat16", "float16"] | None,
+    typer.Option(help="Weights dtype. Default for an adapter: its run's model.dtype (a QLoRA run: the compute_dtype); "
+                      "for a full model: auto, the checkpoint's."),
+]
+
+
+@app.command()
+def merge(
+    source: Annotated[Path, typer.Argument(metavar="RUN_OR_ADAPTER_DIR", show_default=False,
+                                           help="A LoRA run directory (its final/), or an adapter folder.")],
+    out: Annotated[Path, typer.Option("--out", help="New or empty directory for the merged model.",
+                                      show_default=False)],
+    dtype: DtypeOpt = None,
+) -> None:
+    """Fold a LoRA adapter into its base and save a plain model (weights, config, tokenizer, chat template)."""
+    from .inference import merge as run_merge
+
+    _guarded_at(lambda: run_merge(source, out, dtype, say=_err), "merging", "ft-merge")
+    print(out)
+
+
+@app.command()
+def generate(
+    source: Annotated[Path, typer.Argument(metavar="MODEL_OR_RUN_DIR", show_default=False,
+                                           help="A run directory (its final/), a model or adapter folder.")],
+    prompt: Annotated[str | None, typer.Option(help="The text to complete (a user message when the model "
+                                                    "has a chat template).", show_default=False)] = None,
+    file: Annotated[Path | None, typer.Option("--file", show_default=False, help="JSON lines, one object per "
+                                              "line with `prompt` (text) or `messages` (chat); prints JSON lines "
+                                              "with a `completion` each.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 decodes greedily.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling (temperature > 0).")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.", show_default=False)] = None,
+    chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template",
+                                                help="Render prompts with the saved chat template.")] = True,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Complete a prompt (or a file of prompts) with a trained model, adapter or merged model."""
+    if (prompt is None) == (file is None):
+        _err("ft generate: give exactly one of --prompt TEXT or --file prompts.jsonl.")
+        raise typer.Exit(EXIT_INVALID)
+    from .inference import Sampling, read_prompts
+    from .inference import generate as run_generate
+
+    sampling = Sampling(max_new_tokens, temperature, top_p, chat_template)
+
+    def step() -> None:
+        items = [("--prompt", {"prompt": prompt})] if file is None else read_prompts(file)
+        for (_, item), completion in zip(items, run_generate(source, items, sampling, dtype, seed, say=_err),
+                                         strict=True):
+            print(completion if file is None else json.dumps({**item, "completion": completion}, ensure_ascii=False),
+                  flush=True)
+
+    _guarded_at(step, "generating", "ft-generate")
+
+
+def _guarded_at(step, doing: str, log_name: str):
+    """``_guarded`` for commands without a recipe: the unexpected failure's traceback goes to
+    <temp dir>/<log_name>/error.log, since there is no output directory of a run to hold it."""
+    import tempfile
+
+    from .inference import InferenceError
+
+    try:
+        return step()
+    except InferenceError as exc:
+        _err(f"ft: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    except Exception as exc:  # anything else: one paragraph here, the traceback in a file
+        _err(_unexpected_failure(exc, doing, str(Path(tempfile.gettempdir()) / log_name)))
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def plan(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    gpu_memory: Annotated[str | None, typer.Option(
+        "--gpu-memory", show_default=False,
+        help="Memory of one GPU, e.g. 80GiB or 24GB (default: this machine's GPU, when it has one).")] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs training data-parallel (DDP: each holds a full copy).")] = 1,
+    device: Annotated[Literal["cuda", "cpu"], typer.Option(
+        help="Where the recipe will train: cuda (ft's GPU defaults: bf16, activation checkpointing, TRL's fused "
+             "LM head) or cpu (float32, full logits).")] = "cuda",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+) -> None:
+    """Estimate peak training memory per GPU from the model's config alone (no weights loaded), and what would fit."""
+    loaded = _load(recipe, set_)
+    from .plan import PlanError
+    from .plan import plan as make_plan
+
+    try:
+        result = make_plan(loaded.recipe, str(recipe), gpu_memory=gpu_memory, gpus=gpus, device=device)
+    except PlanError as exc:
+        _err(f"ft: {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    print(json.dumps(result.as_dict(), indent=1) if as_json else result.render())
 
 
 @app.command()

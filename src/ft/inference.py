@@ -1,0 +1,419 @@
+"""Using what a run leaves: ``ft merge`` (a LoRA adapter folded into its base) and ``ft generate`` (completions).
+
+A run leaves ``final/`` (or ``checkpoint-N/``) holding either a full model or a PEFT adapter, next to the resolved
+``recipe.yaml`` and ``summary.json``. An adapter is useless without the exact base it was trained on, so the base is
+rebuilt from what the run recorded rather than from the adapter's own ``base_model_name_or_path`` alone: the
+recipe's model section (revision, dtype, trust_remote_code, quantization) and, for ``model.init: random``, the seed.
+
+Random-init bases: ``ft.models.load_model`` seeds the RNG right before it builds the model from its config, so the
+same recipe and seed give bit-identical weights (with the same torch and transformers versions). A run directory
+therefore records its base exactly even when the base never had weights on disk; a bare adapter folder does not.
+
+QLoRA: the adapter is merged into the base loaded unquantized in the quantization's compute dtype. Training saw
+4/8-bit weights, so the merged model differs slightly from the model as it was during training (by the
+quantization error of the base weights); that is the usual QLoRA merge, and the only one that gives plain weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .recipe.errors import first_line
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+class InferenceError(Exception):
+    """A directory, prompt file or base model that ``ft merge`` / ``ft generate`` cannot use (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a directory argument turned out to hold: ``kind`` is "full" or "adapter"; ``run_dir`` is the run it
+    belongs to (the folder with ``recipe.yaml``), when there is one."""
+
+    kind: str
+    path: Path
+    run_dir: Path | None
+
+
+def locate(path: Path, arg: str) -> Found:
+    """A model, adapter or run directory → the model or adapter folder to use. A run directory means its final/;
+    a run that stopped early has none, and then the user picks a checkpoint (ft does not guess which)."""
+    if not path.exists():
+        raise InferenceError(f"{arg}: {str(path)!r} does not exist. Pass a run directory (train.output_dir), its "
+                             "final/ or a checkpoint-N/ folder, or a model directory.")
+    if (path / "adapter_config.json").is_file():
+        return Found("adapter", path, _run_of(path))
+    if (path / "config.json").is_file():
+        return Found("full", path, _run_of(path))
+    if (path / "final").is_dir():
+        return locate(path / "final", arg)
+    if (path / "recipe.yaml").is_file():
+        from .checkpoints import complete_checkpoints
+
+        saved = complete_checkpoints(path)
+        pick = (f"pass its newest complete checkpoint, {saved[-1]}, instead" if saved else
+                "it saved no complete checkpoint either, so there is nothing to load; train it to the end first")
+        raise InferenceError(f"{arg}: the run in {path} has no final/ (it did not finish; summary.json says why): "
+                             f"{pick}.")
+    raise InferenceError(f"{arg}: {path} holds neither a model (config.json), a LoRA adapter (adapter_config.json) "
+                         "nor a run (recipe.yaml and final/). Pass a run directory, its final/ or a model directory.")
+
+
+def _run_of(folder: Path) -> Path | None:
+    """The run directory a final/ or checkpoint-N/ folder sits in (it holds recipe.yaml or summary.json), if any."""
+    parent = folder.resolve().parent
+    return parent if any((parent / name).is_file() for name in ("recipe.yaml", "summary.json")) else None
+
+
+# --- the base an adapter was trained on ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Base:
+    """How to rebuild an adapter's base: the run's recipe (and seed) when there is one, else a name to load."""
+
+    name: str
+    revision: str | None
+    init: str  # "pretrained" | "random"
+    recipe: object | None  # ft.recipe.Recipe of the run, with name/revision/init as recorded
+    seed: int | None
+    source: str  # where the base was read from, for messages
+    dtype: str = "auto"  # the dtype the base had in training; a QLoRA base has no plain one, so its compute dtype
+
+
+def find_base(found: Found, arg: str) -> Base:
+    """The base of an adapter: the run's recipe.yaml model section (summary.json's ``base_model`` entry, when
+    present, for name, revision, init and seed), else summary.json alone, else the adapter's
+    ``base_model_name_or_path`` (a pretrained base: a bare adapter folder records no seed)."""
+    recorded = _recorded_base(found.run_dir)
+    has_recipe = found.run_dir is not None and (found.run_dir / "recipe.yaml").is_file()
+    recipe = _run_recipe(found.run_dir, arg) if has_recipe else None
+    if recipe is not None:
+        update = {key: recorded[key] for key in ("name", "revision", "init") if recorded.get(key) is not None}
+        recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update=update)})
+        model, seed = recipe.model, recorded.get("seed", recipe.train_args.get("seed", 42))
+        return Base(model.name, model.revision, model.init, recipe, seed, str(found.run_dir / "recipe.yaml"),
+                    _training_dtype(model.dtype, model.quantization and model.quantization.compute_dtype))
+    if recorded.get("name"):
+        quantization = recorded.get("quantization") or {}
+        return Base(recorded["name"], recorded.get("revision"), recorded.get("init") or "pretrained", None,
+                    recorded.get("seed"), str(found.run_dir / "summary.json"),
+                    _training_dtype(recorded.get("dtype") or "auto", quantization.get("compute_dtype")))
+    adapter = _read_json(found.path / "adapter_config.json", arg)
+    name = adapter.get("base_model_name_or_path")
+    if not name:
+        raise InferenceError(f"{arg}: {found.path / 'adapter_config.json'} names no base model "
+                             "(base_model_name_or_path) and no run recipe.yaml sits next to it; pass the run "
+                             "directory the adapter came from.")
+    return Base(name, adapter.get("revision"), "pretrained", None, None, str(found.path / "adapter_config.json"))
+
+
+def _training_dtype(dtype: str, compute_dtype: str | None) -> str:
+    """The dtype to merge in by default: the recipe's, or for a QLoRA base the quantization's compute dtype."""
+    return compute_dtype or dtype
+
+
+def _recorded_base(run_dir: Path | None) -> dict:
+    """summary.json's ``base_model`` entry (name, revision, init, dtype, seed, quantization), or {} without one."""
+    path = run_dir / "summary.json" if run_dir else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        entry = json.loads(path.read_text()).get("base_model")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return entry if isinstance(entry, dict) else {}
+
+
+def _run_recipe(run_dir: Path, arg: str):
+    """The run's resolved recipe, as ``ft train`` wrote it (validated again, so its model section is typed)."""
+    from .recipe import RecipeError, load_recipe
+
+    try:
+        return load_recipe(run_dir / "recipe.yaml").recipe
+    except RecipeError as exc:
+        raise InferenceError(f"{arg}: the run's {run_dir / 'recipe.yaml'} no longer validates, so the adapter's base "
+                             f"cannot be rebuilt from it: {str(exc).splitlines()[-1].strip()}. Fix that file (it is "
+                             "the run's resolved recipe, as ft train wrote it).") from None
+
+
+def _read_json(path: Path, arg: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InferenceError(f"{arg}: {path} is not readable JSON ({first_line(exc)}); the folder is damaged or "
+                             "was not written by PEFT.") from None
+
+
+def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
+    """The base model, unquantized, in ``dtype``. A random-init base is built in its training dtype with the
+    run's seed (another dtype would draw other numbers) and cast afterwards."""
+    import torch
+
+    if base.init == "random":
+        model = _rebuild_random(base, arg, say)
+        return model if dtype == "auto" else model.to(getattr(torch, dtype))
+    _check_weights(base, arg)
+    say(f"ft: base {base.name}{'@' + base.revision if base.revision else ''} (pretrained, from {base.source})")
+    if base.recipe is not None:
+        from .models import ModelLoadError, load_model
+
+        section = base.recipe.model.model_copy(update={"quantization": None, "dtype": dtype})
+        try:
+            return load_model(base.recipe.model_copy(update={"model": section}), seed=base.seed or 0)
+        except ModelLoadError as exc:
+            raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+    return _from_pretrained(base, dtype, arg)
+
+
+def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
+    if base.recipe is None:
+        raise InferenceError(f"{arg}: the adapter's base {base.name!r} was built with random weights "
+                             f"(model.init: random, per {base.source}), which are not on disk; ft rebuilds them only "
+                             "from the run's recipe.yaml (its model section and seed), and none sits next to the "
+                             "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
+                             "its recipe.yaml) instead.")
+    from .models import ModelLoadError, load_model
+
+    say(f"ft: base {base.name} rebuilt from random init with seed {base.seed} (from {base.source})")
+    section = base.recipe.model.model_copy(update={"quantization": None})  # trained on it quantized: see above
+    try:
+        return load_model(base.recipe.model_copy(update={"model": section}), seed=base.seed)
+    except ModelLoadError as exc:
+        raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+
+
+def _check_weights(base: Base, arg: str) -> None:
+    """A local base folder without weights is the config of a random-init run: say so, not "file not found"."""
+    folder = Path(base.name)
+    if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise InferenceError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
+                             "weights: the run built it with model.init: random, and only the run directory records "
+                             "the seed that rebuilds it. Pass the run directory (with its recipe.yaml) instead.")
+
+
+def _from_pretrained(base: Base, dtype: str, arg: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(base.name, revision=base.revision,
+                                                    dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError) as exc:
+        raise InferenceError(_unreachable(base, arg, first_line(exc))) from None
+
+
+def _unreachable(base: Base, arg: str, why: str) -> str:
+    return (f"{arg}: the adapter's base model {base.name!r} (from {base.source}) could not be loaded: {why}. "
+            "It must be a local directory with config.json and weights, or a hub id in this machine's cache or "
+            "reachable from it (unset HF_HUB_OFFLINE, `hf auth login` for gated models, or `hf download "
+            f"{base.name}` on a machine with access).")
+
+
+def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[[str], None]):
+    """(base + adapter through PEFT, not merged, as training evaluated it; the adapter's tokenizer)."""
+    from peft import PeftModel
+
+    base = find_base(found, arg)
+    tokenizer = load_tokenizer(found, arg, say, base)
+    model = _fit_embeddings(load_base(base, dtype or base.dtype, arg, say), tokenizer)
+    try:
+        return PeftModel.from_pretrained(model, str(found.path)).eval(), tokenizer
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise InferenceError(f"{arg}: the adapter in {found.path} does not fit its base {base.name!r}: "
+                             f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
+
+
+def _fit_embeddings(model, tokenizer):
+    """The base with as many embedding rows as the tokenizer has tokens, as training resized it (``ft.adapters``);
+    the adapter carries the trained values of the added rows (PEFT's trainable tokens), so how they start is moot."""
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    return model
+
+
+# --- ft merge -----------------------------------------------------------------------------------------------------
+
+def merge(source: Path, out: Path, dtype: str | None = None, say: Callable[[str], None] = print) -> Path:
+    """Fold the adapter of ``source`` into its base and save a plain model (weights, config, tokenizer, chat
+    template) in ``out``: a model any transformers-based tool loads without PEFT or ft."""
+    found = locate(source, "RUN_OR_ADAPTER_DIR")
+    if found.kind == "full":
+        raise InferenceError(f"RUN_OR_ADAPTER_DIR: {found.path} holds a full model (config.json and weights), not a "
+                             "LoRA adapter, so it needs no merge: use it as it is (ft generate, "
+                             "from_pretrained). Only runs with an `adapter:` section leave an adapter to merge.")
+    _check_out(out, found.path)
+    model, tokenizer = load_adapter_model(found, dtype, "RUN_OR_ADAPTER_DIR", say)
+    merged = model.merge_and_unload(safe_merge=True)  # safe_merge: refuse NaNs instead of writing them
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out)
+    tokenizer.save_pretrained(out)  # with the chat template the run trained with (chat_template.jinja)
+    say(f"ft: merged {found.path} into {out}")
+    return out
+
+
+def _check_out(out: Path, adapter: Path) -> None:
+    """Never write into the adapter's own folder or over another model: --out must be new or empty."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InferenceError(f"--out: {out} already exists and is not an empty directory; choose a new directory "
+                             "(ft merge writes config.json, weights and tokenizer files there) or empty it first.")
+    if out.resolve() == adapter.resolve():
+        raise InferenceError("--out: choose a directory other than the adapter's own.")
+
+
+# --- ft generate --------------------------------------------------------------------------------------------------
+
+def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None]):
+    """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT)."""
+    found = locate(path, "MODEL_OR_RUN_DIR")
+    if found.kind == "adapter":
+        model, tokenizer = load_adapter_model(found, dtype, "MODEL_OR_RUN_DIR", say)
+    else:
+        model, tokenizer = _load_full(found.path, dtype or "auto"), load_tokenizer(found, "MODEL_OR_RUN_DIR", say)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    say(f"ft: generating with {found.path} on {device}")
+    return model.to(device).eval(), tokenizer
+
+
+def _load_full(folder: Path, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError) as exc:
+        raise InferenceError(f"MODEL_OR_RUN_DIR: could not load the model in {folder}: {first_line(exc)}. It needs "
+                             "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
+
+
+def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Base | None = None):
+    """The tokenizer saved with the model or adapter (it carries the chat template the run trained with); an
+    adapter folder without one falls back to its base's."""
+    from transformers import AutoTokenizer
+
+    folder, revision = found.path, None
+    if base is not None and not (folder / "tokenizer_config.json").is_file():
+        say(f"ft: no tokenizer in {folder}; using the base's, {base.name}")
+        folder, revision = base.name, base.revision
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
+    except (OSError, ValueError) as exc:
+        raise InferenceError(f"{arg}: could not load the tokenizer from {folder}: {first_line(exc)}. Save the "
+                             "tokenizer next to the weights (ft train does).") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    chat_template: bool = True  # apply the tokenizer's template when it has one
+
+
+def generate(path: Path, items: list[tuple[str, dict]], sampling: Sampling, dtype: str | None = None,
+             seed: int | None = None, say: Callable[[str], None] = print) -> Iterator[str]:
+    """The completion of each (where, item) in turn. Every prompt is rendered before the first completion, so a
+    bad line fails before any output; ``seed`` is set once, so a whole file of samples is reproducible."""
+    model, tokenizer = load_for_generation(path, dtype, say)
+    texts = [prompt_text(tokenizer, item, sampling, where) for where, item in items]
+    if seed is not None:
+        from transformers import set_seed
+
+        set_seed(seed)
+    for text, templated in texts:
+        yield complete(model, tokenizer, text, templated, sampling)
+
+
+def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str) -> tuple[str, bool]:
+    """The text the model continues, and whether it already holds the special tokens (a rendered template). A
+    plain prompt becomes the user's message when the tokenizer has a chat template, as in training."""
+    templated = sampling.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    if not templated and "messages" in item:
+        why = "--no-chat-template was given" if not sampling.chat_template else "the tokenizer has no chat template"
+        raise InferenceError(f"{where}: `messages` are rendered with the chat template, and {why}; give a `prompt` "
+                             "text instead.")
+    if not templated:
+        return item["prompt"], False
+    messages = item["messages"] if "messages" in item else [{"role": "user", "content": item["prompt"]}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+
+
+def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling) -> str:
+    """One completion: the new tokens only, decoded without special tokens. A rendered template already holds
+    its special tokens; raw text gets the tokenizer's usual ones (BOS)."""
+    import torch
+
+    encoded = tokenizer(text, return_tensors="pt", add_special_tokens=not templated).to(model.device)
+    with torch.no_grad():
+        output = model.generate(**encoded, generation_config=_generation_config(model, tokenizer, sampling))
+    return tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def _generation_config(model, tokenizer, sampling: Sampling):
+    """The model's generation config with ft's sampling settings; stops at the tokenizer's end of turn too (a chat
+    template may end turns with a token the base's config does not list)."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    config.eos_token_id = sorted({token for token in (*eos, tokenizer.eos_token_id) if token is not None})
+    config.pad_token_id = tokenizer.pad_token_id
+    config.max_new_tokens = sampling.max_new_tokens
+    config.max_length = None
+    greedy = sampling.temperature == 0
+    config.do_sample = not greedy
+    config.temperature = None if greedy else sampling.temperature
+    config.top_p = None if greedy else sampling.top_p
+    config.top_k = None
+    return config
+
+
+def read_prompts(path: Path) -> list[tuple[str, dict]]:
+    """(file:line, object) for each non-blank line of a JSON-lines prompt file; each object has exactly one of
+    ``prompt`` (text) or ``messages`` (a chat: a list of {role, content})."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InferenceError(f"--file: cannot read {path}: {first_line(exc)}.") from None
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--file {path}:{number}"
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise InferenceError(f"{where}: not a JSON object ({first_line(exc)}); write one object per line, "
+                                 'e.g. {"prompt": "What is 2+2?"}.') from None
+        _check_item(item, where)
+        items.append((where, item))
+    if not items:
+        raise InferenceError(f"--file: {path} holds no prompts; write one JSON object per line.")
+    return items
+
+
+def _check_item(item: object, where: str) -> None:
+    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+        raise InferenceError(f"{where}: each line needs exactly one of `prompt` (text) or `messages` (a list of "
+                             '{"role", "content"} objects).')
+    if "prompt" in item and not isinstance(item["prompt"], str):
+        raise InferenceError(f"{where}: `prompt` must be a string.")
+    if "messages" in item and not _is_chat(item["messages"]):
+        raise InferenceError(f'{where}: `messages` must be a non-empty list of {{"role", "content"}} objects.')
+
+
+def _is_chat(messages: object) -> bool:
+    return (isinstance(messages, list) and bool(messages)
+            and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages))
