@@ -63,12 +63,26 @@ def train(
         bool, typer.Option("--overwrite", help="Delete what a previous run left in the output directory (checkpoints, "
                            "final/, summary) and start over.")
     ] = False,
+    smoke: Annotated[
+        bool, typer.Option("--smoke", help="Smoke-test the recipe before renting a GPU: end to end on a tiny random "
+                           "model of the same family, a few dozen rows, a few steps on the CPU, into "
+                           "<output_dir>-smoke (the real output directory is not touched). Says what it substituted.")
+    ] = False,
 ) -> None:
     """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
     loaded = _load(recipe, set_)
     from .run import train as run_train
 
     command = _resume_command()
+    if smoke:
+        from . import smoke as smoke_test
+
+        if resume != "auto":
+            _err("ft: --smoke always starts afresh in its own directory (<output_dir>-smoke); drop --resume.")
+            raise typer.Exit(EXIT_INVALID)
+        result = _guarded(lambda: smoke_test.train(loaded, say=_err, command=command), smoke_test.redirected(loaded),
+                          "the smoke test")
+        raise typer.Exit(result.exit_code)
     result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
                       loaded, "training")
     raise typer.Exit(result.exit_code)

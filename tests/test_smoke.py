@@ -1,0 +1,118 @@
+"""`ft train RECIPE --smoke`: every shipped recipe runs end to end on a tiny random model of its family, offline, on
+the CPU, in its own directory, and says what it substituted; the real output directory is never touched. Recipe,
+data and template errors a smoke run finds are one paragraph naming the key or the original file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DATA, ROOT, run_ft, tiny_sft
+
+RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
+FAMILY = {"qwen2-qlora.yaml": "qwen2", "mistral-dpo.yaml": "mistral", "gemma-sft.yaml": "gemma"}  # else llama
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _smoke(recipe: Path | str, output_dir: Path, *extra: str):
+    return run_ft("train", str(recipe), "--smoke", "--set", f"train.output_dir={output_dir}", *extra, env=OFFLINE)
+
+
+def test_the_shipped_recipes_include_every_family():
+    assert set(FAMILY.values()) | {"llama"} == {"llama", "qwen2", "mistral", "gemma"}
+    assert set(FAMILY) <= set(RECIPES)
+
+
+@pytest.fixture(scope="module")
+def smoked(tmp_path_factory):
+    """smoked(name) -> (the smoke run of recipes/<name>, its smoke directory); each recipe is run once per module."""
+    runs = {}
+
+    def smoke(name: str):
+        if name not in runs:
+            folder = tmp_path_factory.mktemp(name.removesuffix(".yaml"))
+            runs[name] = (_smoke(ROOT / "recipes" / name, folder / "run"), folder)
+        return runs[name]
+
+    return smoke
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_shipped_recipe_passes_its_smoke_test_offline(name, smoked):
+    result, folder = smoked(name)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not (folder / "run").exists(), "a smoke run must not write into the recipe's real output directory"
+    smoke_dir = folder / "run-smoke"
+    summary = json.loads((smoke_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    described = summary["smoke"]
+    assert described["model"]["family"] == FAMILY.get(name, "llama")
+    assert described["model"]["parameters"] < 1_000_000
+    substituted = {entry["key"] for entry in described["substitutions"]}
+    assert {"model.name", "train.max_steps", "train.output_dir"} <= substituted
+    assert (smoke_dir / "final").is_dir()
+    for key in substituted:
+        assert key in result.stderr, f"the log must say what was substituted: {key}"
+
+
+def test_a_gpu_recipe_gets_its_cpu_equivalents_and_keeps_its_quantization(smoked):
+    result, folder = smoked("qwen2-qlora.yaml")
+    assert result.returncode == 0, result.stderr[-4000:]
+    smoke_dir = folder / "run-smoke"
+    summary = json.loads((smoke_dir / "summary.json").read_text())
+    changes = {entry["key"]: entry for entry in summary["smoke"]["substitutions"]}
+    assert changes["train.bf16"]["now"] is False and changes["model.dtype"]["now"] == "float32"
+    assert "model.quantization" not in changes  # bitsandbytes runs 4-bit on this CPU: QLoRA stays QLoRA
+    assert "generated" in changes["data.train.0.path"]["now"]  # a hub dataset, unreachable offline
+    saved = yaml.safe_load((smoke_dir / "recipe.yaml").read_text())
+    assert saved["model"]["quantization"]["bits"] == 4
+    adapter = json.loads((smoke_dir / "final" / "adapter_config.json").read_text())
+    assert adapter["r"] == 16
+
+
+def test_a_cuda_only_optimizer_is_replaced_by_its_cpu_form(tmp_path):
+    result = _smoke(ROOT / "recipes" / "quickstart.yaml", tmp_path / "run", "--set", "optimizer.name=adalomo")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((tmp_path / "run-smoke" / "summary.json").read_text())
+    changes = {entry["key"]: entry for entry in summary["smoke"]["substitutions"]}
+    assert changes["optimizer.name"]["was"] == "adalomo" and "CUDA" in changes["optimizer.name"]["why"]
+
+
+def test_adapter_modules_the_family_lacks_are_an_error_naming_the_key(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "run")
+    recipe["adapter"] = {"kind": "lora", "target_modules": ["q_proj", "c_attn"]}
+    result = _smoke(write_recipe(recipe), tmp_path / "run")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "adapter.target_modules" in result.stderr and "c_attn" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_row_is_reported_at_its_line_in_the_original_file(write_recipe, tmp_path):
+    lines = (DATA / "train.jsonl").read_text().splitlines()[:100]
+    lines[4] = '{"messages": [{"role": "user", "content": "hi"}'  # line 5: not JSON
+    data = tmp_path / "mine.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    recipe = tiny_sft(tmp_path / "run")
+    recipe["data"]["train"][0]["path"] = str(data)
+    result = _smoke(write_recipe(recipe), tmp_path / "run")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"{data}:5" in result.stderr, result.stderr[-2000:]
+    error = next(line for line in result.stderr.splitlines() if f"{data}:5" in line)
+    assert "inputs/data" not in error  # the smoke copy's path never leaks into the message
+
+
+def test_the_smoke_directory_is_its_own_and_never_clobbers_another(write_recipe, tmp_path):
+    other = tmp_path / "run-smoke"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    path = write_recipe(tiny_sft(tmp_path / "run"))
+    refused = _smoke(path, tmp_path / "run")
+    assert refused.returncode == 2 and "train.output_dir" in refused.stderr
+    assert (other / "notes.txt").read_text() == "mine"
+    (other / "notes.txt").unlink()
+    assert _smoke(path, tmp_path / "run").returncode == 0
+    again = _smoke(path, tmp_path / "run")  # a previous smoke run's directory is cleared and reused
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _smoke(path, tmp_path / "run", "--resume", "never").returncode == 2  # smoke runs always start afresh
