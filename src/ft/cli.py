@@ -30,9 +30,15 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load(recipe: Path, overrides: list[str] | None):
+def _load(recipe: Path, overrides: list[str] | None, processes: int | str | None = None):
+    """The validated recipe. ``processes`` (``ft train --num-processes``) is the process count the rules that
+    involve processes see (``FT_NUM_PROCESSES``; inside a rank, WORLD_SIZE)."""
+    import os
+
     from .recipe import RecipeError, load_recipe
 
+    if processes is not None and "WORLD_SIZE" not in os.environ:
+        os.environ["FT_NUM_PROCESSES"] = str(max(_visible_gpus(), 1) if processes == "auto" else processes)
     try:
         loaded = load_recipe(recipe, overrides or [])
     except RecipeError as exc:
@@ -68,12 +74,34 @@ def train(
                            "model of the same family, a few dozen rows, a few steps on the CPU, into "
                            "<output_dir>-smoke (the real output directory is not touched). Says what it substituted.")
     ] = False,
+    num_processes: Annotated[
+        str | None, typer.Option("--num-processes", help="Processes on this machine (data-parallel ranks): a number, "
+                                 "or auto (the visible GPUs). ft starts them, passes SIGTERM/SIGINT on and leaves none "
+                                 "behind. Default: the recipe's launch section, else 1.", show_default=False)
+    ] = None,
+    nnodes: Annotated[int | None, typer.Option(min=1, help="Machines taking part (run ft train on each).",
+                                               show_default=False)] = None,
+    node_rank: Annotated[int | None, typer.Option(min=0, help="This machine's number, 0..nnodes-1.",
+                                                  show_default=False)] = None,
+    master_addr: Annotated[str | None, typer.Option(help="Address of machine 0 (several machines).",
+                                                    show_default=False)] = None,
+    master_port: Annotated[int | None, typer.Option(help="Port on machine 0 (default 29500).",
+                                                    show_default=False)] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(help="host:port of a c10d rendezvous, instead of "
+                                                      "--master-addr/--master-port.", show_default=False)] = None,
 ) -> None:
     """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
-    loaded = _load(recipe, set_)
+    flags = {"num_processes": _process_count(num_processes), "nnodes": nnodes, "node_rank": node_rank,
+             "master_addr": master_addr, "master_port": master_port, "rdzv_endpoint": rdzv_endpoint}
+    _watch_parent()
+    loaded = _load(recipe, set_, processes=flags["num_processes"])
     from .run import train as run_train
 
     command = _resume_command()
+    if not smoke and _several_processes_wanted(loaded, flags):
+        code = _launch(loaded, flags, command)
+        if code is not None:
+            raise typer.Exit(code)
     if smoke:
         from . import smoke as smoke_test
 
@@ -88,12 +116,57 @@ def train(
     raise typer.Exit(result.exit_code)
 
 
+def _process_count(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        _err(f"ft: --num-processes {value!r}: give a number of processes (1 or more) or auto (the visible GPUs).")
+        raise typer.Exit(EXIT_INVALID)
+    return int(value)
+
+
+def _watch_parent() -> None:
+    from .launch import watch_parent
+
+    watch_parent()
+
+
+def _several_processes_wanted(loaded, flags: dict) -> bool:
+    """True when this command must start the ranks itself (not when it already is one of them)."""
+    import os
+
+    if "WORLD_SIZE" in os.environ:  # started by torchrun / accelerate / ft: one rank of the run
+        return False
+    return any(value is not None for value in flags.values()) or getattr(loaded.recipe, "launch", None) is not None
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _launch(loaded, flags: dict, command: str) -> int | None:
+    """Start the ranks and return ft's exit code; None when the launch comes to one process (train here)."""
+    from . import launch
+
+    def start() -> int | None:
+        chosen = launch.resolve(loaded, flags, _visible_gpus)
+        return launch.run(loaded, chosen, sys.argv[1:], command, say=_err) if chosen.needed else None
+
+    return _guarded(start, loaded, "launching the processes")
+
+
 def _resume_command() -> str:
-    """This command line, as the one that resumes the run; under torchrun, the launcher's (this process's parent)."""
+    """This command line, as the one that resumes the run; under torchrun, the launcher's (this process's parent);
+    in a rank ``ft train --num-processes`` started, ft's."""
     import os
 
     from .checkpoints import resume_command
+    from .launch import RESUME_COMMAND_ENV
 
+    if os.environ.get(RESUME_COMMAND_ENV):
+        return os.environ[RESUME_COMMAND_ENV]
     launched = "TORCHELASTIC_RUN_ID" in os.environ
     return resume_command(sys.argv, Path(f"/proc/{os.getppid()}/cmdline") if launched else None)
 

@@ -113,8 +113,12 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
         tokenizer.chat_template = template  # final/ ships the template the model was trained with
-    with ranks.main_process_first(cpu=not hw.cuda):  # one process writes data.prepared_path, the others reuse it
-        prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared)
+    # one process writes data.prepared_path, the others wait for it outside any collective (no timeout)
+    if ranks.world_size() > 1 and recipe.data.prepared_path is not None:
+        say(f"data: the other {ranks.world_size() - 1} processes read {recipe.data.prepared_path} once this one has "
+            "it ready (they wait without a time limit)")
+    prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
+                                 builder=ranks.is_main())
     model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
     defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.JIT_DEFAULT}

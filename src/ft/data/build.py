@@ -36,11 +36,15 @@ class PreparedData:
 
 
 def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[[str], None] = print, *,
-                 rebuild_ok: bool = True) -> PreparedData:
+                 rebuild_ok: bool = True, builder: bool = True) -> PreparedData:
     """The run's datasets, from the prepared cache when its fingerprint matches.
 
     ``template`` is ``chat_template_for(recipe, tokenizer)``: the chat template rows are rendered with.
     ``rebuild_ok=False`` is ``data.require_prepared``: a missing or stale cache is an error.
+    ``builder=False`` (the other processes of a multi-process run): never write ``data.prepared_path``; wait,
+    without a time limit, until the main process has written a cache that matches (no collective is involved,
+    so no process group timeout can end the wait; if the main process fails, the launcher stops this one).
+    Without ``data.prepared_path`` every process tokenizes its own copy in memory, nobody waits.
     """
     if not METHODS[recipe.method].ft_tokenizes:
         return _canonical_rows(recipe, say)
@@ -51,6 +55,8 @@ def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[
     path = Path(recipe.data.prepared_path)
     components = cache.fingerprint(recipe, tokenizer, template)
     state = cache.check(path, components)
+    if not builder and state.status != "fresh":
+        state = _wait_for_cache(path, components, say)
     say("data: " + state.describe(str(path)))
     if state.status == "fresh":
         train, evaluation, stats = cache.load(path)
@@ -63,6 +69,17 @@ def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[
     prepared.stats["prepared"] = f"{'built' if state.status == 'missing' else 'rebuilt'} {path}"
     say(f"data: wrote the prepared dataset to {path}")
     return prepared
+
+
+def _wait_for_cache(path: Path, components: dict[str, str], say: Callable[[str], None],
+                    poll_seconds: float = 1.0) -> cache.CacheState:
+    import time
+
+    say(f"data: waiting for the main process to write {path} (no time limit; on several machines it must be on a "
+        "filesystem they share, or run `ft preprocess` on each first)")
+    while (state := cache.check(path, components)).status != "fresh":
+        time.sleep(poll_seconds)
+    return state
 
 
 def chat_template_for(recipe: Recipe, tokenizer) -> str | None:

@@ -1,0 +1,279 @@
+"""``ft train RECIPE --num-processes N``: ft starts the run's processes itself and stays their parent.
+
+The ranks are started by torch.distributed's elastic launcher (the engine behind ``torchrun``), run in this process
+as its agent; each rank is ``python -m ft train`` with the same recipe and ``--set`` overrides, so everything a
+single process does (validation, resume, drift, JIT checkpoints, the summary) happens the same way. What ft adds:
+
+- **Signals.** The launcher's own handling of SIGTERM/SIGINT is switched off (``signals_to_handle``):
+  it would raise in the agent, kill the ranks after its shutdown timeout and exit 1 with a traceback. Instead ft
+  passes each SIGTERM and SIGINT on to every rank (each runs in its own session, so a terminal's Ctrl-C reaches
+  the ranks only through ft: once per press), the ranks agree on a step, save one checkpoint and exit 143 (130),
+  and ft exits with the same code. A second Ctrl-C is passed on too: the ranks end at once.
+- **No orphans.** Each rank asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``,
+  ``watch_parent``), so even a SIGKILL of ft leaves no rank behind; a rank that fails makes the launcher stop
+  the others.
+- **Data first.** With ``data.prepared_path``, ft tokenizes in this process before any rank starts, so no rank
+  waits on another inside a collective (and none can hit the process group's timeout while the data is built).
+- **The resume command** each rank prints and records is this command line (``FT_RESUME_COMMAND``).
+
+Several machines: run the same ``ft train`` on each with ``--nnodes``, ``--node-rank`` and ``--master-addr``/
+``--master-port`` (a static rendezvous, as torchrun's), or ``--rdzv-endpoint`` (c10d rendezvous, ranks assigned by
+it). An accelerate config file (``launch.accelerate_config``) hands the launch to ``accelerate launch`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .recipe import LoadedRecipe, Problem
+from .signals import STOP_SIGNALS, exit_code
+
+# the CLI's launch flags: the launcher reads them, the ranks must not see them
+FLAGS = ("--num-processes", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
+RESUME_COMMAND_ENV = "FT_RESUME_COMMAND"
+LAUNCHED_ENV = "FT_LAUNCHED"  # set for the ranks ft starts: they watch their parent
+SHUTDOWN_TIMEOUT = 3600  # seconds the launcher gives ranks that are still saving after one rank ended
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How many processes, on how many machines, meeting where (None: torch's defaults for one machine)."""
+
+    num_processes: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    accelerate_config: Path | None = None
+
+    @property
+    def needed(self) -> bool:
+        """True when ft must start processes (more than one, or an accelerate config to follow)."""
+        return self.num_processes * self.nnodes > 1 or self.accelerate_config is not None
+
+    def describe(self) -> str:
+        if self.accelerate_config is not None:
+            return f"accelerate launch --config_file {self.accelerate_config}"
+        machines = f" on each of {self.nnodes} machines (this one: node {self.node_rank})" if self.nnodes > 1 else ""
+        return f"{self.num_processes} processes{machines}"
+
+
+def resolve(loaded: LoadedRecipe, flags: dict[str, object], visible_gpus: Callable[[], int]) -> Launch:
+    """The launch from the CLI's flags, else the recipe's ``launch:`` section, else one process. ``auto`` processes
+    are the visible GPUs (one on a machine without)."""
+    section = getattr(loaded.recipe, "launch", None)
+    base_dir = loaded.source.resolve().parent
+
+    def pick(name: str, default=None):
+        value = flags.get(name)
+        if value is None and section is not None:
+            value = getattr(section, name, None)
+        return default if value is None else value
+
+    count = pick("num_processes", 1)
+    if count == "auto":
+        count = max(visible_gpus(), 1)
+    config = pick("accelerate_config")
+    launch = Launch(int(count), int(pick("nnodes", 1)), int(pick("node_rank", 0)), pick("master_addr"),
+                    pick("master_port"), pick("rdzv_endpoint"), (base_dir / config) if config else None)
+    problems = _problems(launch)
+    if problems:
+        raise loaded.error(problems)
+    return launch
+
+
+def _problems(launch: Launch) -> list[Problem]:
+    problems = []
+    if launch.num_processes < 1:
+        problems.append(Problem("launch.num_processes", "must be at least 1 (or `auto`: the visible GPUs)."))
+    if launch.node_rank >= launch.nnodes:
+        problems.append(Problem("launch.node_rank", f"is {launch.node_rank}, but the ranks of {launch.nnodes} "
+                                f"machines are 0..{launch.nnodes - 1}."))
+    if launch.nnodes > 1 and not (launch.master_addr or launch.rdzv_endpoint):
+        problems.append(Problem("launch.master_addr", f"{launch.nnodes} machines must meet somewhere: give "
+                                "--master-addr (and --master-port) of node 0, or --rdzv-endpoint host:port."))
+    if launch.rdzv_endpoint and (launch.master_addr or launch.master_port):
+        problems.append(Problem("launch.rdzv_endpoint", "give either --rdzv-endpoint or --master-addr/--master-port, "
+                                "not both."))
+    if launch.accelerate_config is not None and not launch.accelerate_config.is_file():
+        problems.append(Problem("launch.accelerate_config", f"{launch.accelerate_config} does not exist; name an "
+                                "accelerate config YAML (`accelerate config` writes one)."))
+    return problems
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """This command's arguments without the launch flags (and their values)."""
+    kept, skip = [], False
+    for part in argv:
+        if skip:
+            skip = False
+        elif part in FLAGS:
+            skip = True
+        elif not part.startswith(tuple(flag + "=" for flag in FLAGS)):
+            kept.append(part)
+    return kept
+
+
+def run(loaded: LoadedRecipe, launch: Launch, argv: list[str], command: str, say: Callable[[str], None]) -> int:
+    """Start the ranks of ``ft train`` (``argv``: this command's arguments after ``ft``), pass stop signals on,
+    wait for them, and return the exit code ft should end with."""
+    _prepare_data(loaded, launch, say)
+    env = {RESUME_COMMAND_ENV: command, LAUNCHED_ENV: "1"}
+    args = ["-m", "ft", *rank_argv(argv)]
+    say(f"ft: starting {launch.describe()}; each runs `python {' '.join(args)}`")
+    with _environment(env), _PassSignalsOn() as relay:
+        if launch.accelerate_config is not None:
+            codes = _accelerate(launch, args, relay)
+        else:
+            codes = _elastic(launch, args)
+    return _exit_code(codes, relay.received, say)
+
+
+def _prepare_data(loaded: LoadedRecipe, launch: Launch, say: Callable[[str], None]) -> None:
+    """``ft preprocess`` in this process before the ranks start (node 0 only: the others find it on the shared
+    filesystem, or wait for it without a time limit, ``ft.data.prepare_data``)."""
+    from .recipe.methods import METHODS
+
+    recipe = loaded.recipe
+    if recipe.data.prepared_path is None or not METHODS[recipe.method].ft_tokenizes or launch.node_rank != 0:
+        return
+    from .run import preprocess
+
+    say(f"ft: preparing the data once, before the ranks start, into {recipe.data.prepared_path}")
+    preprocess(loaded, say=say)
+
+
+def _elastic(launch: Launch, args: list[str]) -> dict[int, int]:
+    """Run the ranks through torch.distributed's elastic agent; {global rank: exit code} of those that failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # ft says what happens, once
+    if launch.rdzv_endpoint:
+        backend, endpoint, configs = "c10d", launch.rdzv_endpoint, {}
+    elif launch.nnodes > 1 or launch.master_port:
+        backend = "static"
+        endpoint = f"{launch.master_addr or '127.0.0.1'}:{launch.master_port or 29500}"
+        configs = {"rank": launch.node_rank}
+    else:
+        backend, endpoint, configs = "c10d", "localhost:0", {}  # torchrun --standalone: a free port
+    config = LaunchConfig(min_nodes=launch.nnodes, max_nodes=launch.nnodes, nproc_per_node=launch.num_processes,
+                          run_id="ft", rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=configs,
+                          max_restarts=0, monitor_interval=0.5, start_method="spawn",
+                          shutdown_timeout=SHUTDOWN_TIMEOUT, signals_to_handle="SIGHUP,SIGQUIT")  # ft: TERM, INT
+    try:
+        elastic_launch(config, sys.executable)(*args)
+    except ChildFailedError as exc:
+        return {rank: failure.exitcode for rank, failure in exc.failures.items()}
+    return {}
+
+
+def _accelerate(launch: Launch, args: list[str], relay: _PassSignalsOn) -> dict[int, int]:
+    """``accelerate launch --config_file F -m ft train …`` as a child in its own session (ft passes signals on)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launch.accelerate_config),
+               *args]
+    child = subprocess.Popen(command, start_new_session=True)
+    relay.children = lambda: [child.pid]
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - Python retries wait() after a handled signal
+            continue
+    return {} if code == 0 else {0: code}
+
+
+def _exit_code(failures: dict[int, int], received: int | None, say: Callable[[str], None]) -> int:
+    if not failures:
+        return 0 if received is None else exit_code(received)
+    codes = {abs(code) if code < 0 else code for code in failures.values()}
+    stopped = {exit_code(signum) for signum in STOP_SIGNALS} | set(STOP_SIGNALS)
+    if received is not None and codes <= stopped:
+        return exit_code(received)
+    if codes == {2}:
+        return 2  # the ranks said why (an invalid recipe, data or resume), once, from rank 0
+    detail = ", ".join(f"rank {rank}: {_shown(code)}" for rank, code in sorted(failures.items()))
+    say(f"ft: the run failed ({detail}); each rank's error is printed above, and rank 0's traceback is in the "
+        "output directory's error.log when ft caught it.")
+    return 1
+
+
+def _shown(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+
+
+class _PassSignalsOn:
+    """While open, SIGTERM and SIGINT sent to ft are passed on to every rank (ft's child processes, each the leader
+    of its own process group) instead of ending ft; ``received`` is the first one."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.children: Callable[[], list[int]] = _child_pids
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self):
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._pass_on)
+        return self
+
+    def _pass_on(self, signum, _frame):
+        self.received = self.received or signum
+        for pid in self.children():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signum)
+
+    def __exit__(self, *_exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _child_pids() -> list[int]:
+    """This process's children, from /proc (Linux; the ranks are started as direct children)."""
+    me, pids = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.rindex(")") + 2:].split()[1] == me:  # the field after the state: the parent's pid
+                pids.append(int(entry.name))
+    return pids
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def watch_parent() -> None:
+    """In a rank ft started: ask the kernel to send this process SIGTERM when its parent (ft) dies, so that no rank
+    outlives ft even when ft is killed with SIGKILL (Linux; elsewhere a no-op). SIGTERM, not SIGKILL: the rank
+    still saves its JIT checkpoint with the others."""
+    if os.environ.get(LAUNCHED_ENV) != "1" or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)

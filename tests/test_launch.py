@@ -1,0 +1,170 @@
+"""`ft train --num-processes 2` on CPU: ft starts both ranks itself, they train data-parallel and write one run;
+SIGTERM and Ctrl-C to ft stop both ranks at one checkpoint with ft exiting 143/130 and no rank left; a SIGKILL of ft
+leaves no rank behind either; the printed command resumes. Data is prepared once before the ranks start."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from conftest import ROOT, run_ft, tiny_sft
+from test_checkpoints import SLOW_STEPS, STEP_LOG, signal_at_step, steps_by_run
+
+from ft.checkpoints import complete_checkpoints
+from ft.launch import rank_argv
+
+ENV = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _ft(recipe: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ft", "train", str(recipe), "--num-processes", "2", *extra]
+
+
+def _slow_recipe(write_recipe, tmp_path, max_steps: int = 60) -> tuple[Path, Path]:
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    (tmp_path / "step_log.py").write_text(STEP_LOG)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=max_steps, logging_steps=10)
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
+    return write_recipe(recipe), out
+
+
+def _rank_pids(out: Path) -> set[int]:
+    return {int(line.split()[0]) for log in out.glob("steps-rank*.log") for line in log.read_text().splitlines()}
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_two_ranks_train_and_write_one_run_with_data_prepared_first(write_recipe, tmp_path):
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=6, save_strategy="steps", save_steps=6)
+    recipe["data"]["prepared_path"] = str(tmp_path / "prepared")
+    result = subprocess.run(_ft(write_recipe(recipe)), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starting 2 processes" in result.stderr and "× 2 processes" in result.stderr
+    assert result.stderr.count("ft: done") == 1
+    # ft tokenized once, in the launching process, before the ranks started; both ranks then reused it
+    assert result.stderr.index("preparing the data once") < result.stderr.index("× 2 processes")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["steps"] == 6
+    assert summary["data"]["prepared"].startswith("reused")
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out / "final").num_parameters() > 0
+
+
+def test_sigterm_to_ft_stops_both_ranks_at_one_checkpoint_and_the_command_resumes(write_recipe, tmp_path):
+    path, out = _slow_recipe(write_recipe, tmp_path)
+    command = _ft(path)
+    ft = subprocess.Popen(command, cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    signal_at_step(ft, out, 5, signal.SIGTERM)
+    _, stderr = ft.communicate(timeout=300)
+
+    assert ft.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr and "SignalException" not in stderr, stderr[-3000:]
+    assert not [pid for pid in _rank_pids(out) if _alive(pid)], "a rank outlived ft"
+    (checkpoint,) = complete_checkpoints(out)
+    assert [p.name for p in out.glob("checkpoint-*")] == [checkpoint.name]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in checkpoint.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["stopped_by"] == "SIGTERM"
+    resume = summary["resume_command"]
+    assert resume.endswith(shlex.join(["train", str(path), "--num-processes", "2"])), resume
+
+    assert shlex.split(resume)[0] == "ft"
+    resumed = subprocess.run([sys.executable, "-m", *shlex.split(resume)], cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    stopped_at = int(checkpoint.name.split("-")[1])
+    for rank in (0, 1):
+        _, second_run = steps_by_run(out / f"steps-rank{rank}.log")
+        assert second_run == list(range(stopped_at + 1, 61)), rank
+
+
+def test_ctrl_c_to_ft_stops_both_ranks_with_exit_130(write_recipe, tmp_path):
+    path, out = _slow_recipe(write_recipe, tmp_path)
+    ft = subprocess.Popen(_ft(path), cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    signal_at_step(ft, out, 5, signal.SIGINT)
+    _, stderr = ft.communicate(timeout=300)
+    assert ft.returncode == 130, stderr[-3000:]
+    assert len(complete_checkpoints(out)) == 1
+    assert not [pid for pid in _rank_pids(out) if _alive(pid)]
+
+
+def test_no_rank_outlives_ft_killed_with_sigkill(write_recipe, tmp_path):
+    path, out = _slow_recipe(write_recipe, tmp_path, max_steps=2000)
+    ft = subprocess.Popen(_ft(path), cwd=ROOT, env=ENV, stderr=subprocess.DEVNULL, start_new_session=True)
+    signal_at_step(ft, out, 5, signal.SIGKILL)
+    ft.wait(timeout=60)
+    ranks = _rank_pids(out)
+    assert len(ranks) == 2
+    deadline = time.monotonic() + 120  # the kernel sends each rank SIGTERM: they save and end
+    while any(_alive(pid) for pid in ranks):
+        assert time.monotonic() < deadline, "ranks kept running after ft was killed"
+        time.sleep(0.2)
+
+
+def test_launch_settings_are_checked_before_any_rank_starts(write_recipe, tmp_path):
+    path = write_recipe(tiny_sft(tmp_path / "out"))
+    bad_count = run_ft("train", str(path), "--num-processes", "two")
+    assert bad_count.returncode == 2 and "--num-processes" in bad_count.stderr
+    bad_rank = run_ft("train", str(path), "--num-processes", "2", "--nnodes", "2", "--node-rank", "2",
+                      "--master-addr", "10.0.0.1")
+    assert bad_rank.returncode == 2 and "launch.node_rank" in bad_rank.stderr, bad_rank.stderr[-2000:]
+    lonely = run_ft("train", str(path), "--nnodes", "2")
+    assert lonely.returncode == 2 and "launch.master_addr" in lonely.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_ranks_get_the_command_without_the_launch_flags():
+    argv = ["train", "r.yaml", "--num-processes", "2", "--set", "train.max_steps=3", "--nnodes=1", "--node-rank", "0",
+            "--master-addr", "h", "--master-port", "1", "--rdzv-endpoint", "h:2", "--resume", "never"]
+    assert rank_argv(argv) == ["train", "r.yaml", "--set", "train.max_steps=3", "--resume", "never"]
+
+
+def test_other_processes_wait_for_the_main_ones_prepared_data_without_a_timeout(write_recipe, tmp_path):
+    from ft import data, models
+    from ft.recipe import load_recipe
+
+    recipe_dict = tiny_sft(tmp_path / "out")
+    recipe_dict["data"]["prepared_path"] = str(tmp_path / "prepared")
+    recipe = load_recipe(write_recipe(recipe_dict)).recipe
+    tokenizer = models.load_tokenizer(recipe.model)
+    template = data.chat_template_for(recipe, tokenizer)
+    waited: dict = {}
+
+    def other_process():
+        waited["prepared"] = data.prepare_data(recipe, tokenizer, template, lambda message: None, builder=False)
+
+    waiter = threading.Thread(target=other_process)
+    waiter.start()
+    time.sleep(2.0)
+    assert waiter.is_alive() and not (tmp_path / "prepared").exists()  # waiting, and never writing it itself
+    built = data.prepare_data(recipe, tokenizer, template, lambda message: None)  # the main process
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert waited["prepared"].stats["prepared"] == f"reused {tmp_path / 'prepared'}"
+    assert waited["prepared"].train["input_ids"] == built.train["input_ids"]
+
+
+def test_a_rank_ignores_launch_flags(monkeypatch):
+    """Inside a rank (WORLD_SIZE set by the launcher) ft trains as that rank and never launches again."""
+    from ft import cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not cli._several_processes_wanted(None, {"num_processes": 2, "nnodes": None})
