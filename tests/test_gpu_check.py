@@ -1,0 +1,189 @@
+"""scripts/gpu_check.py and scripts/gpu-check.sh on a CPU machine: the dry run lists every step the GPU check must
+cover (each shipped recipe's smoke test, each GPU optimizer), every command it would run is a valid ft command whose
+recipe a GPU machine accepts (the machine rules checked with a pretended GPU, as tests/test_rules.py does), the
+deadline skips instead of overrunning, and without CUDA both entry points exit 3 at once with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ft.hardware import Hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+WRAPPER = ROOT / "scripts" / "gpu-check.sh"
+GPU = Hardware(cuda=True, bf16=True, devices=1, name="NVIDIA H200")
+GPU_OPTIMIZERS = ["adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "adalomo", "galore_adamw_8bit", "lomo"]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _module()
+
+
+def _dry_run(*args: str) -> dict:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", *args], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> dict:
+    """The dry run's steps, with the throughput step's files written where its command reads them."""
+    work = tmp_path_factory.mktemp("gpu-check")
+    gpu_check.prepare_throughput(str(work), rows=20)
+    return _dry_run("--workdir", str(work))
+
+
+def _sets(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+
+
+def test_the_dry_run_lists_every_shipped_recipe_and_every_gpu_path(plan):
+    steps = {step["name"]: step for step in plan["steps"]}
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        smoke = steps[f"smoke-{recipe.stem}"]
+        assert smoke["argv"][:4] == ["ft", "train", f"recipes/{recipe.name}", "--smoke"]
+    optimizers = {s for step in plan["steps"] for s in _sets(step["argv"]) if s.startswith("optimizer.name=")}
+    assert {f"optimizer.name={name}" for name in GPU_OPTIMIZERS} <= optimizers
+    assert "train.use_liger_kernel=true" in _sets(steps["optim-liger"]["argv"])
+    assert "train.bf16=true" in _sets(steps["bf16"]["argv"])
+    assert {"model.quantization.bits=4", "adapter.kind=lora"} <= set(_sets(steps["qlora-4bit"]["argv"]))
+    assert "model.quantization.bits=8" in _sets(steps["qlora-8bit"]["argv"])
+    assert steps["merge"]["argv"][:2] == ["ft", "merge"] and steps["merge"]["needs"] == ["qlora-4bit"]
+    assert steps["generate-merged"]["needs"] == ["merge"]
+    assert "--throughput-worker" in steps["throughput"]["argv"]
+    assert all(step["budget_s"] <= 180 for step in plan["steps"])
+    # the human listing names the same steps and prints each command
+    text = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT).stdout
+    assert all(name in text for name in steps) and "ft train recipes/quickstart.yaml --smoke" in text
+
+
+def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
+    import typer.main
+
+    from ft import hardware
+    from ft.cli import app
+    from ft.recipe import load_recipe
+
+    cli = typer.main.get_command(app)
+    checked = 0
+    for step in plan["steps"]:
+        argv = step["argv"]
+        if argv[0] == "ft":
+            command = cli.commands[argv[1]]
+            command.make_context(argv[1], list(argv[2:]))  # raises on an unknown option or a bad value
+            if argv[1] != "train":
+                continue
+            recipe_path, sets = ROOT / argv[2], _sets(argv)
+        else:  # the throughput worker: ft.run.train of the recipe it names
+            assert argv[:3] == ["python", "scripts/gpu_check.py", "--throughput-worker"]
+            recipe_path, sets = Path(argv[3]), []
+        loaded = load_recipe(recipe_path, sets)
+        problems = hardware.check_hardware(loaded.recipe, GPU)
+        assert not problems, (step["name"], [p.render() for p in problems])
+        if not step["argv"][3:4] == ["--smoke"]:
+            assert not loaded.warnings, (step["name"], [w.render() for w in loaded.warnings])
+        checked += 1
+    assert checked == sum(1 for s in plan["steps"] if s["argv"][:2] == ["ft", "train"]) + 1
+
+
+def test_only_runs_the_named_steps_and_what_they_need():
+    names = [step["name"] for step in _dry_run("--only", "generate-merged,smoke-quickstart")["steps"]]
+    assert names == ["qlora-4bit", "merge", "generate-merged", "smoke-quickstart"]
+    assert {s["name"] for s in _dry_run("--only", "optim")["steps"]} == {f"optim-{n}" for n in GPU_OPTIMIZERS} | {
+        "optim-liger"}
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--only", "nope"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "names no step" in bad.stderr
+
+
+def _sleeper(name: str, seconds: float, budget: int, **kwargs):
+    return gpu_check.Step(name, budget, "sleeps", lambda work: ["python", "-c", f"import time; time.sleep({seconds})"],
+                          lambda work, proc: (gpu_check.PASS, "slept"), **kwargs)
+
+
+def test_the_deadline_skips_steps_instead_of_overrunning(tmp_path, monkeypatch):
+    steps = [_sleeper("quick", 0, 5), _sleeper("over-budget", 30, 1),
+             _sleeper("needs-failed", 0, 5, needs=("over-budget",)),
+             _sleeper("missing-module", 0, 5, requires=("no_such_module_here",)),
+             _sleeper("too-late", 0, 100)]  # 8 s left at most: under both its budget and MIN_START
+    runner = gpu_check.Runner(steps, str(tmp_path), time.monotonic() + 8, jobs=1, say=lambda _: None)
+    results = {r.name: r for r in runner.run()}
+    assert results["quick"].result == "PASS"
+    assert results["over-budget"].result == "FAIL" and "timeout" in results["over-budget"].note
+    assert results["needs-failed"].result == "SKIP" and "over-budget" in results["needs-failed"].note
+    assert results["missing-module"].result == "SKIP" and "no_such_module_here" in results["missing-module"].note
+    assert results["too-late"].result == "SKIP" and results["too-late"].note.startswith("deadline")
+    assert (tmp_path / "logs" / "quick.log").is_file()
+    # a step whose budget the deadline cut, stopped at the deadline: SKIP (deadline), not a failure of the step
+    monkeypatch.setattr(gpu_check, "MIN_START", 0)
+    started = time.monotonic()
+    cut = gpu_check.Runner([_sleeper("cut", 30, 60, parallel=True), _sleeper("cut2", 30, 60, parallel=True)],
+                           str(tmp_path), time.monotonic() + 1.5, jobs=2, say=lambda _: None).run()
+    assert time.monotonic() - started < 10
+    assert [r.result for r in cut] == ["SKIP", "SKIP"] and "budget of 60 s was cut" in cut[0].note
+
+
+def test_the_report_table_and_mfu():
+    results = [gpu_check.Result("bf16", "PASS", 12.34, "loss 6.2 → 3.1"),
+               gpu_check.Result("optim-lomo", "FAIL", 3.0, "exit 1: a | b", "ft train …", "Traceback …")]
+    env = {"cuda": True, "gpu": "NVIDIA H200", "devices": 1, "capability": "9.0", "memory_gb": 139.8, "bf16": True,
+           "torch": "2.13.0+cu128", "transformers": "5.24.0"}
+    meta = {"date": "2026-12-01 00:00 UTC", "command": "scripts/gpu_check.py", "deadline": 450, "jobs": 4,
+            "wall": 100}
+    text = gpu_check.report(results, env, meta)
+    assert "| step | result | seconds | note |" in text and "| bf16 | PASS | 12.3 | loss 6.2 → 3.1 |" in text
+    assert "a \\| b" in text and "NVIDIA H200" in text and "torch 2.13.0+cu128" in text
+    assert "bitsandbytes not installed" in text and "1 PASS, 1 FAIL, 0 SKIP" in text and "Traceback" in text
+    assert gpu_check.peak_flops("NVIDIA H200") == gpu_check.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert gpu_check.peak_flops("NVIDIA H100 PCIe") == 756e12 and gpu_check.peak_flops("NVIDIA L4") == 121e12
+    assert gpu_check.peak_flops("NVIDIA L40S") == 362e12 and gpu_check.peak_flops("Tesla T4") is None
+    assert gpu_check.peak_flops("Tesla T4", 65) == 65e12
+    assert gpu_check.mfu(400e6, 100_000, 989e12) == pytest.approx(6 * 400e6 * 100_000 / 989e12)
+    assert gpu_check.mfu(400e6, 100_000, None) is None
+
+
+def test_the_throughput_model_is_about_half_a_billion_parameters():
+    c = gpu_check.THROUGHPUT_CONFIG
+    h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    blocks = layers * (4 * h * h + 3 * h * inter + 2 * h)  # q, k, v, o; gate, up, down; two norms
+    assert 0.4e9 < blocks + 2 * vocab * h < 0.6e9
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_without_cuda_both_entry_points_exit_3_with_the_reason():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    env = {**os.environ, "FT_PYTHON": sys.executable}
+    started = time.monotonic()
+    wrapper = subprocess.run(["bash", str(WRAPPER)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert wrapper.returncode == 3, wrapper.stderr
+    assert "no CUDA" in wrapper.stderr and "sees no CUDA device" in wrapper.stderr and sys.executable in wrapper.stderr
+    assert "--dry-run" in wrapper.stderr
+    direct = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**os.environ, "OUT": ""})
+    assert direct.returncode == 3 and "no CUDA device" in direct.stderr
+    assert time.monotonic() - started < 60
+    # --dry-run goes through the wrapper without CUDA
+    listed = subprocess.run(["bash", str(WRAPPER), "--dry-run", "--only", "bf16"], capture_output=True, text=True,
+                            timeout=60, env=env, cwd=ROOT)
+    assert listed.returncode == 0 and "train.bf16=true" in listed.stdout
