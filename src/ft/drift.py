@@ -6,10 +6,19 @@ under another model, data, batch size, optimizer, schedule, seed or method secti
 recipe describes. So every change is refused except those listed in ``HARMLESS``: how long to train, how often to
 log, evaluate and save, where to report and push, and the evaluation data, which do not alter the updates the
 model receives.
+
+Processes: the number of them (``launch.num_processes`` × ``launch.nnodes``, and the run's real WORLD_SIZE against
+the checkpoint's, which holds one ``rng_state_<rank>.pth`` per process) sets the global batch, so a change is
+refused; where the machines meet (addresses, ports, ``node_rank``) is harmless. ``distributed.kind``,
+``distributed.fsdp.state_dict``, ``distributed.deepspeed.stage`` and ``config`` decide how a checkpoint is written
+(DDP: one model file; FSDP: sharded or full state dicts; DeepSpeed: its own ZeRO files), so a change is refused;
+the settings that change only speed or memory (``find_unused_parameters``, FSDP sharding, offloading, activation
+checkpointing, wrapping) are harmless. A recipe written before these sections existed reads as their defaults.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +26,7 @@ import yaml
 
 from .checkpoints import ResumeError
 from .recipe import Recipe
+from .recipe.distributed import DeepSpeedSettings, DistributedSection, FsdpSettings, LaunchSection
 from .recipe.redact import resolved_recipe_yaml
 from .recipe.train_section import method_fields
 
@@ -26,8 +36,15 @@ HARMLESS = ("train.max_steps", "train.num_train_epochs", "train.output_dir", "tr
             "train.per_device_eval_batch_size", "train.save_", "train.report_to", "train.run_name",
             "train.push_to_hub", "train.hub_", "train.disable_tqdm", "train.enable_jit_checkpoint",
             "train.load_best_model_at_end", "train.metric_for_best_model", "train.greater_is_better",
-            "data.prepared_path", "data.require_prepared", "data.num_proc", "data.eval", "metrics")
+            "data.prepared_path", "data.require_prepared", "data.num_proc", "data.eval", "metrics",
+            "launch.node_rank", "launch.master_addr", "launch.master_port", "launch.rdzv_endpoint",
+            "distributed.find_unused_parameters", "distributed.fsdp.sharding", "distributed.fsdp.cpu_offload",
+            "distributed.fsdp.activation_checkpointing", "distributed.fsdp.wrap", "distributed.deepspeed.offload_",
+            "distributed.deepspeed.nvme_path")
 NOT_HARMLESS = ("data.eval.split_ratio",)
+# sections a saved recipe may lack or leave null (written before they existed, or not written): read as defaults
+_SECTION_DEFAULTS = {"launch": LaunchSection, "distributed": DistributedSection}
+_SUBSECTION_DEFAULTS = {"fsdp": FsdpSettings, "deepspeed": DeepSpeedSettings}
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,8 @@ def check_drift(recipe: Recipe, output_dir: Path, checkpoint: str, command: str)
         return []
     saved = yaml.safe_load(saved_file.read_text()) or {}
     now = yaml.safe_load(resolved_recipe_yaml(recipe))  # as it would be saved: redacted, in YAML's types
-    changes = differences(saved, now, recipe.method)
+    changes = differences(_with_section_defaults(saved), _with_section_defaults(now), recipe.method)
+    changes += _process_change(Path(checkpoint), int(os.environ.get("WORLD_SIZE", "1")))
     blocking = [change for change in changes if not is_harmless(change.key)]
     if blocking:
         listed = "\n".join(f"  - {change.render()}" for change in blocking)
@@ -76,6 +94,35 @@ def differences(saved: dict, now: dict, method: str) -> list[Change]:
         if before != after:
             changes.append(Change(key, None if before is missing else before, None if after is missing else after))
     return changes
+
+
+def _with_section_defaults(recipe: dict) -> dict:
+    """``recipe`` (a resolved recipe as YAML data) with ``launch:`` and ``distributed:`` (and its kind's settings)
+    filled with their defaults where missing or null, so that writing a section's defaults is no change."""
+    recipe = dict(recipe)
+    for name, section in _SECTION_DEFAULTS.items():
+        recipe[name] = {**section().model_dump(mode="json"), **(recipe.get(name) or {})}
+    distributed = recipe["distributed"]
+    for name, section in _SUBSECTION_DEFAULTS.items():
+        if distributed.get("kind") == name:
+            distributed[name] = {**section().model_dump(mode="json"), **(distributed.get(name) or {})}
+        else:
+            distributed[name] = None  # another kind's settings are read by no one (and refused by a rule)
+    deepspeed = distributed.get("deepspeed")
+    if deepspeed and deepspeed.get("stage") is None and deepspeed.get("config") is None:
+        deepspeed["stage"] = 2  # unset: 2
+    return recipe
+
+
+def _process_change(checkpoint: Path, world_size: int) -> list[Change]:
+    """The processes the checkpoint was written by against this run's: transformers saves one ``rng_state_<rank>.pth``
+    per process (``rng_state.pth`` for one). Nothing when the checkpoint holds no RNG state."""
+    ranks = len(list(checkpoint.glob("rng_state_*.pth")))
+    saved = ranks or (1 if (checkpoint / "rng_state.pth").is_file() else None)
+    if saved is None or saved == world_size:
+        return []
+    return [Change("processes (WORLD_SIZE; the global batch is processes × per-device batch × accumulation)",
+                   saved, world_size)]
 
 
 def is_harmless(key: str) -> bool:

@@ -8,10 +8,10 @@ always wins. These checks run at the start of ``ft train``, before any model or 
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 
 from .recipe import Problem, Recipe
+from .recipe.distributed import process_count, uses_deepspeed, uses_fsdp
 from .recipe.optimizers import PACKAGES, traits
 
 # the same optimizer, not CUDA-only, for each CUDA-only one
@@ -80,6 +80,7 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
         problems.append(Problem("train.use_liger_kernel", "Liger kernels are Triton GPU kernels and no CUDA "
                                 "device is visible; remove `train.use_liger_kernel` here."))
     problems += _optimizer_problems(recipe, hw)
+    problems += _distributed_problems(recipe, hw)
     return problems
 
 
@@ -112,13 +113,29 @@ def _optimizer_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
     if info.cuda_only and not hw.cuda:
         return [Problem("optimizer.name", f"`{name}` runs on CUDA GPUs only (it fails on a CPU-only torch) and none "
                         f"is visible; on this machine use `{_CPU_ALTERNATIVE.get(name, 'adamw_torch')}`.")]
-    if info.layerwise and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return [Problem("optimizer.name", f"`{name}` works on a single process only, and this run has "
-                        f"WORLD_SIZE={os.environ['WORLD_SIZE']}; launch one process or choose a non-layerwise "
-                        "optimizer.")]
     if info.package and importlib.util.find_spec(PACKAGES[info.package].module) is None:
         return [Problem("optimizer.name", _missing_package(name, info.package))]
     return []
+
+
+def _distributed_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
+    """DeepSpeed where it is not installed (ft does not install it: it builds CUDA kernels against the machine's
+    toolkit), and FSDP over several processes without CUDA: accelerate 1.15 attaches its FSDP plugin only for GPU-like
+    distributed types, and on the CPU (``DistributedType.MULTI_CPU``, which ``use_cpu`` gives) drops it, so the
+    Trainer would train plain DDP with none of the sharding the recipe asks for (and with ``use_cpu: false`` on a
+    machine without GPUs, transformers stops with "Using fsdp only works in distributed training")."""
+    problems, processes = [], process_count(recipe)
+    if uses_deepspeed(recipe) and importlib.util.find_spec("deepspeed") is None:
+        key = "distributed.kind" if recipe.distributed.kind == "deepspeed" else "train.deepspeed"
+        problems.append(Problem(key, "DeepSpeed is not installed here (ft does not install it); run `pip install "
+                                "deepspeed` on a machine with the CUDA toolkit, or use `distributed.kind: fsdp` (no "
+                                "extra package)."))
+    if uses_fsdp(recipe) and not hw.cuda and processes > 1:
+        key = "distributed.kind" if recipe.distributed.kind == "fsdp" else "train.fsdp"
+        problems.append(Problem(key, f"FSDP needs GPUs: on a machine without CUDA accelerate trains the "
+                                f"{processes} processes as plain DDP (it has no FSDP for CPU processes), "
+                                "sharding nothing. Use `distributed.kind: ddp` here, and FSDP on GPUs."))
+    return problems
 
 
 def _missing_package(name: str, package: str) -> str:

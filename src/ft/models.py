@@ -8,6 +8,7 @@ Adapters are in ``ft.adapters``: a new LoRA config is handed to TRL, which wraps
 from __future__ import annotations
 
 from .recipe import Recipe
+from .recipe.distributed import uses_fsdp
 from .recipe.errors import first_line
 from .recipe.schema import ModelSection, QuantizationSection
 
@@ -36,15 +37,16 @@ def load_tokenizer(section: ModelSection, say=None):
     return tokenizer
 
 
-def _weights_kwargs(section: ModelSection) -> dict:
-    """dtype, attention kernel and quantization for ``from_pretrained`` (shared by policy and reference)."""
+def _weights_kwargs(section: ModelSection, fsdp: bool = False) -> dict:
+    """dtype, attention kernel and quantization for ``from_pretrained`` (shared by policy and reference); ``fsdp``:
+    the model will be sharded by FSDP (``bnb_config``)."""
     import torch
 
     kwargs = {"dtype": "auto" if section.dtype == "auto" else getattr(torch, section.dtype)}
     if section.attn_implementation:
         kwargs["attn_implementation"] = section.attn_implementation
     if section.quantization is not None:
-        kwargs["quantization_config"] = bnb_config(section.quantization)
+        kwargs["quantization_config"] = bnb_config(section.quantization, fsdp=fsdp)
     return kwargs
 
 
@@ -54,7 +56,7 @@ def load_model(recipe: Recipe, seed: int):
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
     section = recipe.model
-    kwargs = _weights_kwargs(section)
+    kwargs = _weights_kwargs(section, fsdp=uses_fsdp(recipe))
     try:
         if section.init == "pretrained":
             return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
@@ -85,14 +87,15 @@ def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization):
     return quantized
 
 
-def load_reference_model(name: str, section: ModelSection):
+def load_reference_model(name: str, section: ModelSection, fsdp: bool = False):
     """The frozen reference model of a preference method (``dpo.ref_model``): pretrained weights from ``name``
-    (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization settings."""
+    (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization settings (TRL
+    shards it with FSDP too when the policy is: ``fsdp``)."""
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=section.trust_remote_code,
-                                                     **_weights_kwargs(section))
+                                                     **_weights_kwargs(section, fsdp=fsdp))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first_line(exc)}. "
                              "Use a directory that holds config.json and weights, or a hub id reachable from this "
@@ -100,17 +103,26 @@ def load_reference_model(name: str, section: ModelSection):
     return model.requires_grad_(False).eval()
 
 
-def bnb_config(section: QuantizationSection):
+def bnb_config(section: QuantizationSection, fsdp: bool = False):
+    """bitsandbytes' config for ``model.quantization``. Under FSDP 4-bit weights are stored in the compute dtype
+    (``bnb_4bit_quant_storage``): FSDP shards a parameter as a tensor of its storage dtype, and the default uint8
+    packing does not survive FSDP2's DTensor conversion (accelerate 1.15's ``fsdp2_prepare_model`` then leaves such
+    weights out of sharding, unsharded on every process, and says to "set bnb_4bit_quant_storage to a floating
+    dtype"); the float storage holds the same packed bits, so the weights and the adapter trained on them are the
+    same."""
     import torch
     from transformers import BitsAndBytesConfig
 
     if section.bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
+    compute = getattr(torch, section.compute_dtype)
+    storage = {"bnb_4bit_quant_storage": compute} if fsdp else {}
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=section.quant_type,
         bnb_4bit_use_double_quant=section.double_quant,
-        bnb_4bit_compute_dtype=getattr(torch, section.compute_dtype),
+        bnb_4bit_compute_dtype=compute,
+        **storage,
     )
 
 

@@ -12,7 +12,7 @@ from .drift import check_drift
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
 from .recipe.redact import resolved_recipe_yaml
-from .trainers import Hooks, TrainerInputs, build_trainer, resolve_hooks
+from .trainers import Hooks, TrainerInputs, build_trainer, distributed, resolve_hooks
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         return RunResult("stopped", output_dir, summary, watch.received)
 
     final_eval = trainer.evaluate() if prepared.eval is not None else None
+    distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is still a whole model
     trainer.save_model(str(output_dir / "final"))
     summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
                                final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
@@ -121,7 +122,10 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                                  builder=ranks.is_main())
     model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
-    defaults = {**hardware.device_defaults(recipe, hw), **checkpoints.JIT_DEFAULT}
+    # ft's defaults: this machine's, then what distributed: maps to (over the machine's), then JIT checkpointing
+    defaults = {**hardware.device_defaults(recipe, hw),
+                **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
+                **checkpoints.JIT_DEFAULT}
     inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
                            hardware.optimizer_defaults(recipe, hw), adapters.lora_config(recipe.adapter, new_token_ids))
     return build_trainer(recipe, inputs), prepared

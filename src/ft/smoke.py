@@ -265,6 +265,11 @@ def _machine(edits: _Edits, recipe: Recipe) -> None:
         for key in _HUB_KEYS:
             if key in train:
                 edits.set(f"train.{key}", _UNSET, "a smoke run pushes nothing to the Hub")
+    if recipe.distributed.kind != "ddp":
+        edits.set("distributed", _UNSET, f"{recipe.distributed.kind} shards the model over GPU processes; the smoke "
+                  "run is one CPU process")
+    if recipe.launch is not None:
+        edits.set("launch", _UNSET, "the smoke run is one process")
     # on a machine with a GPU too: the smoke run is a CPU run (bf16 stays off: ft's GPU default would turn it on)
     edits.set("train.use_cpu", True, "the smoke run trains on the CPU", say="use_cpu" in train)
     if "fp16" not in train:

@@ -12,6 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .adapter import SHAPE_KEYS
+from .distributed import (
+    declared_processes,
+    deepspeed_config_file,
+    process_count,
+    process_source,
+    uses_deepspeed,
+    written,
+    zero_stage,
+)
 from .errors import Problem, did_you_mean
 from .methods import METHOD_SECTIONS, METHODS
 from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
@@ -183,6 +192,14 @@ def layerwise_optimizer_limits(recipe) -> list[Problem]:
         if args.get(key):
             problems += error(f"train.{key}", f"`{name}` runs on a single process only; remove `train.{key}` "
                               "or choose a non-layerwise optimizer.")
+    if recipe.distributed.kind != "ddp":
+        problems += error("distributed.kind", f"`{name}` runs on a single process only, and `distributed.kind: "
+                          f"{recipe.distributed.kind}` shards the model over several; remove `distributed:` or "
+                          "choose a non-layerwise optimizer.")
+    if process_count(recipe) > 1:
+        problems += error("optimizer.name", f"`{name}` works on a single process only (transformers: layerwise "
+                          f"mode \"does not support DDP\"), and this run has {process_count(recipe)} processes "
+                          f"({process_source(recipe)}); launch one process or choose a non-layerwise optimizer.")
     if effective(recipe, "gradient_accumulation_steps") > 1:  # transformers: "does not support gradient accumulation"
         problems += error("train.gradient_accumulation_steps", f"`{name}` steps each layer as soon as its gradient "
                           "is ready, so there is nothing to accumulate; set it to 1 (raise "
@@ -498,3 +515,266 @@ def continued_adapter_keeps_its_shape(recipe) -> list[Problem]:
         return []
     return [Problem(f"adapter.{key}", f"comes from {adapter.path}/adapter_config.json when continuing a saved "
                     "adapter; remove it here.") for key in SHAPE_KEYS if key in adapter.model_fields_set]
+
+
+# --- processes: launch and distributed ----------------------------------------------------------------------------
+
+
+@rule
+def launch_machines_meet(recipe) -> list[Problem]:
+    """torchrun's rules for several machines: each has a ``--node-rank`` in 0..nnodes-1, and they meet at machine 0
+    (``--master-addr``/``--master-port``, a static rendezvous) or at a c10d rendezvous (``--rdzv-endpoint``), one or
+    the other."""
+    launch = recipe.launch
+    if launch is None:
+        return []
+    problems = []
+    if launch.node_rank >= launch.nnodes:
+        problems += error("launch.node_rank", f"is {launch.node_rank}, but the machines of `launch.nnodes: "
+                          f"{launch.nnodes}` are numbered 0..{launch.nnodes - 1}; give each machine its own number "
+                          "below nnodes (0 on the machine the others meet at).")
+    if launch.nnodes > 1 and not (launch.master_addr or launch.rdzv_endpoint):
+        problems += error("launch.nnodes", f"{launch.nnodes} machines must meet somewhere: set `launch.master_addr` "
+                          "(machine 0's address, with `launch.master_port`) or `launch.rdzv_endpoint` (host:port of a "
+                          "c10d rendezvous), or pass --master-addr / --rdzv-endpoint to `ft train`.")
+    if launch.rdzv_endpoint and (launch.master_addr or launch.master_port):
+        other = "launch.master_addr" if launch.master_addr else "launch.master_port"
+        problems += error("launch.rdzv_endpoint", f"is a meeting point of its own (c10d rendezvous), and `{other}` "
+                          "names another (machine 0); keep one of them.")
+    return problems
+
+
+@rule
+def accelerate_config_launches_alone(recipe) -> list[Problem]:
+    """``accelerate launch --config_file`` reads the processes, machines and addresses from that file."""
+    launch = recipe.launch
+    if launch is None or launch.accelerate_config is None:
+        return []
+    return [Problem(f"launch.{key}", f"is read from `launch.accelerate_config` ({launch.accelerate_config}) when "
+                    "accelerate launches the run; set it in that file and remove it here (or remove accelerate_config "
+                    "and let ft launch).") for key in sorted(launch.model_fields_set - {"accelerate_config"})]
+
+
+_KIND_SETTINGS = {"find_unused_parameters": "ddp", "fsdp": "fsdp", "deepspeed": "deepspeed"}
+
+
+@rule
+def distributed_settings_match_kind(recipe) -> list[Problem]:
+    """Each kind reads its own settings (DDP ``find_unused_parameters``, FSDP ``fsdp:``, DeepSpeed ``deepspeed:``);
+    another kind's would be silently ignored."""
+    dist = recipe.distributed
+    return [Problem(f"distributed.{key}", f"is read only with `distributed.kind: {kind}`, and this recipe's kind is "
+                    f"`{dist.kind}`; remove it or set kind: {kind}.")
+            for key, kind in _KIND_SETTINGS.items() if key in dist.model_fields_set and kind != dist.kind]
+
+
+@rule
+def fsdp2_has_no_no_shard(recipe) -> list[Problem]:
+    """transformers builds FSDP2 (``fsdp_config`` version 2, torch's ``fully_shard``), whose one sharding choice is
+    ``reshard_after_forward``; its own translation of sharding names refuses the others with FSDP2 ("only available
+    with FSDP1"). A model kept whole on every process is DDP."""
+    dist = recipe.distributed
+    if dist.kind == "fsdp" and dist.fsdp_settings.sharding == "no_shard":
+        return error("distributed.fsdp.sharding", "`no_shard` keeps the whole model on every process, which is DDP: "
+                     "FSDP2 (the FSDP transformers builds) has no such strategy. Set `distributed.kind: ddp` "
+                     "instead, or sharding: full, shard_grad_op or hybrid.")
+    return []
+
+
+_DS_SHORTHAND = ("stage", "offload_optimizer", "offload_params", "nvme_path")
+
+
+@rule
+def deepspeed_settings_fit(recipe) -> list[Problem]:
+    """DeepSpeed's config reference: parameter offloading (``offload_param``) is ZeRO stage 3 only, and so is
+    offloading optimizer state to NVMe (ZeRO-Infinity); NVMe offloading needs ``nvme_path``. A ``config`` is the
+    whole DeepSpeed config, so the shorthand keys would be ignored beside it. With ZeRO-3 the model is gathered for
+    ``final/`` only when the config says ``stage3_gather_16bit_weights_on_model_save: true`` (else transformers'
+    ``save_model`` writes a DeepSpeed checkpoint there, which ``from_pretrained`` cannot load)."""
+    dist = recipe.distributed
+    if dist.kind != "deepspeed" or dist.deepspeed is None:
+        return []
+    ds, written_keys = dist.deepspeed, dist.deepspeed.model_fields_set
+    if ds.config is not None:
+        return [Problem(f"distributed.deepspeed.{key}", "shapes the config ft generates, and "
+                        "`distributed.deepspeed.config` is a whole DeepSpeed config of its own; set it there "
+                        "(zero_optimization) and remove it here, or remove `config`.")
+                for key in _DS_SHORTHAND if key in written_keys] + _deepspeed_config_problems(ds.config)
+    stage, problems = ds.stage or 2, []
+    if ds.offload_params != "none" and stage < 3:
+        problems += error("distributed.deepspeed.offload_params", f"only ZeRO stage 3 partitions the parameters, so "
+                          f"only it can offload them (stage is {stage}); set `distributed.deepspeed.stage: 3`, or "
+                          "offload_params: none.")
+    if ds.offload_optimizer == "nvme" and stage < 3:
+        problems += error("distributed.deepspeed.offload_optimizer", "offloading optimizer state to NVMe "
+                          f"(ZeRO-Infinity) needs ZeRO stage 3 (stage is {stage}); set `distributed.deepspeed.stage: "
+                          "3`, or offload_optimizer: cpu.")
+    nvme = "nvme" in (ds.offload_optimizer, ds.offload_params)
+    if nvme and not ds.nvme_path:
+        problems += error("distributed.deepspeed.nvme_path", "is needed with an `nvme` offload: a directory on a "
+                          "fast local disk of each machine.")
+    if ds.nvme_path and not nvme:
+        problems += warning("distributed.deepspeed.nvme_path", "is read only with an `nvme` offload; remove it.")
+    return problems
+
+
+def _deepspeed_config_problems(value) -> list[Problem]:
+    from pathlib import Path
+
+    path = "distributed.deepspeed.config"
+    if isinstance(value, str) and not Path(value).is_file():
+        return error(path, f"{value} does not exist; name a DeepSpeed JSON config (relative to the recipe's folder) "
+                     "or write the config inline, as a mapping.")
+    config = deepspeed_config_file(value)
+    if config is None:
+        return error(path, f"{value} does not hold a JSON object (a DeepSpeed config).")
+    zero = config.get("zero_optimization") or {}
+    if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+        return error(path, "is ZeRO stage 3 without `zero_optimization.stage3_gather_16bit_weights_on_model_save: "
+                     "true`: the weights would stay partitioned when final/ is saved, and transformers would write "
+                     "a DeepSpeed checkpoint there instead of a model from_pretrained loads; add it.")
+    return []
+
+
+_DEEPSPEED_ADAMW = ("adamw_torch", "adamw_torch_fused")
+
+
+@rule
+def deepspeed_offload_trains_adamw(recipe) -> list[Problem]:
+    """DeepSpeed refuses a client (torch) optimizer with ZeRO-Offload ("You are using ZeRO-Offload with a client
+    provided optimizer …", unless ``zero_force_ds_cpu_optimizer: false``, which it calls poor performance), so the
+    config ft generates for ``offload_optimizer`` names DeepSpeed's AdamW (its CPU Adam), which transformers fills
+    from optimizer.lr, betas, eps and weight_decay, and builds over all trainable parameters in one group."""
+    dist = recipe.distributed
+    ds = dist.deepspeed_settings
+    if dist.kind != "deepspeed" or ds.config is not None or ds.offload_optimizer == "none":
+        return []
+    opt = recipe.optimizer
+    why = ("with `distributed.deepspeed.offload_optimizer` DeepSpeed steps the optimizer on the CPU with its own "
+           "AdamW, which takes only optimizer.lr, betas, eps and weight_decay")
+    if opt.cls is not None:
+        return error("optimizer.class", f"{why}; remove optimizer.class, or set offload_optimizer: none.")
+    problems = []
+    if opt.name not in _DEEPSPEED_ADAMW:
+        problems += error("optimizer.name", f"is `{opt.name}`, but {why}; use adamw_torch, or set "
+                          "offload_optimizer: none.")
+    problems += [Problem(f"optimizer.{key}", f"{why}; remove it, or set offload_optimizer: none.")
+                 for key in ("args", "groups") if getattr(opt, key)]
+    return problems
+
+
+@rule
+def lomo_without_deepspeed(recipe) -> list[Problem]:
+    """accelerate's ``Accelerator.backward`` runs LOMO's fused update (``lomo_backward``) only outside DeepSpeed:
+    under DeepSpeed the loss goes to the engine's ``backward`` (with a ``learning_rate`` argument the Trainer adds for
+    LOMO), so LOMO and AdaLomo never update the model there."""
+    name = recipe.optimizer.name
+    if recipe.optimizer.cls is not None or name not in ("lomo", "adalomo") or not uses_deepspeed(recipe):
+        return []
+    key = "distributed.kind" if recipe.distributed.kind == "deepspeed" else "train.deepspeed"
+    return error("optimizer.name", f"`{name}` does not train under DeepSpeed (accelerate runs its fused update only "
+                 f"outside DeepSpeed, so the weights would never change); remove `{key}` (LOMO saves optimizer "
+                 "memory by itself) or choose another optimizer.")
+
+
+@rule
+def zero3_without_quantization(recipe) -> list[Problem]:
+    """ZeRO-3 partitions every parameter across the processes; transformers loads a quantized model without ZeRO-3's
+    partitioned init (``needs_zero3_init = is_deepspeed_zero3_enabled() and not _is_quantized``), and bitsandbytes'
+    packed 4/8-bit weights carry their quantization state beside the tensor, which ZeRO-3's partitioning does not
+    keep."""
+    if recipe.model.quantization is None or zero_stage(recipe) != 3:
+        return []
+    return error("model.quantization", "cannot be trained with DeepSpeed ZeRO stage 3, which partitions the "
+                 "quantized weights and loses their quantization state; use `distributed.kind: fsdp` (ft stores "
+                 "4-bit weights in the compute dtype for it), or ZeRO stage 2 (`distributed.deepspeed.stage: 2`), "
+                 "or remove model.quantization.")
+
+
+@rule
+def train_keys_agree_with_distributed(recipe) -> list[Problem]:
+    """``train:`` keeps every TrainingArguments field, and a value it sets wins over what ``distributed:`` maps to;
+    but a ``train:`` key that says another way of sharing the model than ``distributed:`` would leave one of them
+    silently ignored (or transformers failing at start)."""
+    args, dist, problems = recipe.train_args, recipe.distributed, []
+    if args.get("deepspeed") is not None and written(recipe):
+        problems += error("train.deepspeed", "is set together with `distributed:`; give a DeepSpeed config as "
+                          "`distributed.deepspeed.config` (with `distributed.kind: deepspeed`) and remove "
+                          "train.deepspeed.")
+    for key in ("fsdp", "fsdp_config"):
+        if not args.get(key):
+            continue
+        if dist.kind == "deepspeed" or (written(recipe) and dist.kind == "ddp"):
+            problems += error(f"train.{key}", f"turns FSDP on, and `distributed.kind` is `{dist.kind}`: a run shares "
+                              f"the model one way; remove train.{key}, or set `distributed.kind: fsdp` (its settings "
+                              "under distributed.fsdp).")
+        elif key == "fsdp_config" and dist.fsdp is not None:
+            problems += error("train.fsdp_config", "replaces the fsdp_config ft builds from `distributed.fsdp` "
+                              "(train: wins), so those settings would be ignored; keep the FSDP settings in one place: "
+                              "distributed.fsdp, or train.fsdp_config alone.")
+    mine, theirs = dist.find_unused_parameters, args.get("ddp_find_unused_parameters")
+    if dist.kind == "ddp" and mine is not None and theirs is not None and mine != theirs:
+        problems += error("train.ddp_find_unused_parameters", f"is {theirs}, and `distributed.find_unused_parameters` "
+                          f"is {mine}; keep one of them.")
+    return problems
+
+
+@rule
+def fsdp_activation_checkpointing_once(recipe) -> list[Problem]:
+    """transformers: "``fsdp_config['activation_checkpointing']`` (FSDP's own activation checkpointing) and the
+    ``activation_checkpointing`` training argument can't both be set to True. Use FSDP's activation checkpointing
+    when using FSDP"; the training argument alone "introduces a redundant AllGather in the backward pass"."""
+    if recipe.distributed.kind != "fsdp":
+        return []
+    args = recipe.train_args
+    key = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if args.get(k)), None)
+    own = recipe.distributed.fsdp_settings.activation_checkpointing
+    if key is None or own is False:
+        return []
+    if own:
+        return error(f"train.{key}", "is true, and so is `distributed.fsdp.activation_checkpointing`; transformers "
+                     f"refuses both. Remove train.{key}: FSDP's own checkpointing recomputes the same activations "
+                     "with one all-gather fewer.")
+    return warning(f"train.{key}", "under FSDP the Trainer's activation checkpointing adds an all-gather to every "
+                   "backward; use `distributed.fsdp.activation_checkpointing: true` instead (transformers' advice).")
+
+
+@rule
+def fsdp_sharded_checkpoints_keep_the_optimizer(recipe) -> list[Problem]:
+    """transformers: "save_only_model option is not compatible with FSDP state dict type 'SHARDED_STATE_DICT'"."""
+    dist = recipe.distributed
+    if dist.kind == "fsdp" and dist.fsdp_settings.state_dict == "sharded" and recipe.train_args.get("save_only_model"):
+        return error("train.save_only_model", "cannot be used with `distributed.fsdp.state_dict: sharded` "
+                     "(transformers refuses it: a sharded checkpoint is the model and optimizer shards together); "
+                     "set distributed.fsdp.state_dict: full, or remove save_only_model.")
+    return []
+
+
+@rule
+def sharding_needs_processes(recipe) -> list[Problem]:
+    """FSDP and ZeRO shard the model over the processes of a run: with one there is nothing to shard over (DeepSpeed's
+    offloading still moves state to the CPU or NVMe)."""
+    kind = recipe.distributed.kind
+    ds = recipe.distributed.deepspeed_settings
+    if kind == "ddp" or declared_processes(recipe) != 1:
+        return []
+    if kind == "deepspeed" and (ds.config is not None or ds.offload_optimizer != "none" or ds.offload_params != "none"):
+        return []
+    plain = " (ft trains it as one plain process)" if kind == "fsdp" else ""
+    return warning("distributed.kind", f"`{kind}` shards the model over the run's processes, and this run has one "
+                   f"({process_source(recipe)}), so it saves no memory{plain}. Launch several: "
+                   "`launch.num_processes`, `ft train --num-processes N`, or torchrun.")
+
+
+@rule
+def batch_rebalance_has_something_to_balance(recipe) -> list[Problem]:
+    """transformers' ``BatchRebalanceSampler`` balances padded-token cost "across devices and gradient-accumulation
+    steps within each effective batch": with one process and no accumulation each effective batch is one
+    micro-batch, drawn at random, and nothing is rebalanced."""
+    if effective(recipe, "train_sampling_strategy") != "batch_rebalance" or recipe.data.packing:
+        return []  # packing: length_sampling_without_packing says it
+    if declared_processes(recipe) == 1 and effective(recipe, "gradient_accumulation_steps") == 1:
+        return warning("train.train_sampling_strategy", "`batch_rebalance` balances batch cost across processes and "
+                       "gradient-accumulation steps, and this run has one process and gradient_accumulation_steps 1: "
+                       "its batches are plain random ones. Use `group_by_length` to cut padding here.")
+    return []

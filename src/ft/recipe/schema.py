@@ -14,6 +14,7 @@ from pydantic import Field, PositiveInt, StrictBool, StrictStr, create_model, fi
 
 from .adapter import AdapterSection
 from .base import Section, resolve_input_path
+from .distributed import DistributedSection, LaunchSection
 from .hooks import HooksMixin
 from .methods import METHODS, moved_to_method_section
 from .names import FORMATS
@@ -118,6 +119,8 @@ class Recipe(HooksMixin):
     data: DataSection
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    launch: LaunchSection | None = Field(None, description="The processes `ft train` starts (docs/distributed.md).")
+    distributed: DistributedSection = Field(default_factory=DistributedSection, description="ddp, fsdp or deepspeed.")
 
     @property
     def method_section(self):

@@ -11,7 +11,9 @@ Every TRL config follows one precedence rule (``trl_config``):
    the other sections (optimizer, scheduler, data, the method's own section). The schema gives each TRL field one
    home (a field a section owns is refused under ``train:``), so the two rarely name the same field; where they do
    (``train.remove_unused_columns``, ``train.max_grad_norm: 0`` with a layerwise optimizer), ``train:`` wins.
-2. ``defaults``, ft's choices for this machine (``ft.hardware.device_defaults``, JIT checkpointing), fill only the
+2. ``defaults``, ft's choices for this machine (``ft.hardware.device_defaults``), what ``distributed:`` maps to
+   (``ft.trainers.distributed.training_args``: fsdp, fsdp_config, deepspeed, ddp_find_unused_parameters; a
+   ``train:`` key that contradicts ``distributed:`` is refused at validation) and JIT checkpointing, fill only the
    fields the recipe left unset.
 """
 

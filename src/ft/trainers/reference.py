@@ -18,12 +18,13 @@ import copy
 
 from ..models import load_reference_model
 from ..recipe import Recipe
+from ..recipe.distributed import uses_fsdp
 
 
 def reference_model(recipe: Recipe, model, explicit: str | None = None):
     """The reference model for ``model`` (None: TRL's own handling, as above); ``explicit`` is ``dpo.ref_model``."""
     if explicit:
-        return load_reference_model(explicit, recipe.model)
+        return load_reference_model(explicit, recipe.model, fsdp=uses_fsdp(recipe))
     if recipe.adapter is not None or recipe.train_args.get("precompute_ref_log_probs"):
         return None
     # what trl.experimental.utils.create_reference_model does with no shared layers, without the experimental import
