@@ -50,15 +50,20 @@ JIT_DEFAULT = {"enable_jit_checkpoint": True}
 
 
 def previous_run(output_dir: Path) -> list[str]:
-    """What another run left in ``output_dir`` (its checkpoints, ``final/``, ``summary.json``), by name."""
+    """What another run left in ``output_dir`` (its checkpoints, ``final/``, ``summary.json``), by name. The summary
+    of a run that failed before any checkpoint or ``final/`` is not counted: a new run has nothing to mix with."""
     names = sorted((p.name for p in output_dir.glob("checkpoint-*") if p.is_dir()), key=_step)
-    return names + [name for name in ("final", "summary.json") if (output_dir / name).exists()]
+    names += ["final"] if (output_dir / "final").exists() else []
+    summary = output_dir / "summary.json"
+    return names + (["summary.json"] if summary.exists() and (names or _status(output_dir) != "failed") else [])
 
 
 def clear_previous_run(output_dir: Path) -> None:
     """Delete what a run writes in ``output_dir`` (``--overwrite``); files of the user's own stay."""
+    names = ("final", "plots", "summary.json", "log_history.json", "recipe.yaml",
+             "tb", "trackio")  # the trackers' folders under output_dir (ft.trackers.LOCAL_DIRS)
     for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("error*.log"),
-                 *(output_dir / name for name in ("final", "plots", "summary.json", "recipe.yaml"))]:
+                 *(output_dir / name for name in names)]:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
@@ -130,7 +135,12 @@ def _redacted(assignment: str) -> str:
 
 
 def _completed(output_dir: Path) -> bool:
+    return _status(output_dir) == "completed"
+
+
+def _status(output_dir: Path) -> str | None:
+    """The ``status`` of ``output_dir``'s summary.json; None when there is none (or it cannot be read)."""
     try:
-        return json.loads((output_dir / "summary.json").read_text()).get("status") == "completed"
+        return json.loads((output_dir / "summary.json").read_text()).get("status")
     except (OSError, ValueError, AttributeError):
-        return False
+        return None

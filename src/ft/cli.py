@@ -95,6 +95,9 @@ def train(
              "master_addr": master_addr, "master_port": master_port, "rdzv_endpoint": rdzv_endpoint}
     _watch_parent()
     loaded = _load(recipe, set_, processes=flags["num_processes"])
+    from .notices import install as hide_notices_not_for_the_user
+
+    hide_notices_not_for_the_user(loaded.recipe.train_args)  # not with FT_DEBUG=1 or train.log_level (notices.py)
     from .run import train as run_train
 
     command = _resume_command()

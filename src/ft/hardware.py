@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from . import trackers
 from .recipe import Problem, Recipe
 from .recipe.distributed import process_count, uses_deepspeed, uses_fsdp
 from .recipe.optimizers import PACKAGES, traits
@@ -49,7 +50,8 @@ def probe() -> Hardware:
 def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
     """Trainer arguments ft chooses for this machine. They fill only the keys the recipe leaves unset (the rule is
     applied where the config is built, ``ft.trainers.build``); here a default is also dropped when the recipe set
-    its alias or its rival (``gradient_checkpointing`` for ``activation_checkpointing``, ``fp16`` for ``bf16``)."""
+    its alias or its rival (``gradient_checkpointing`` for ``activation_checkpointing``, ``fp16`` for ``bf16``).
+    Also the tracker, by what is installed here (``ft.trackers.defaults``)."""
     explicit = recipe.train_args
     if hw.cuda:
         # TRL's own default, restated under transformers' new name so it warns of no deprecation
@@ -61,7 +63,7 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
         defaults.pop("bf16")
     if "gradient_checkpointing" in explicit:  # the deprecated alias counts as setting it
         defaults.pop("activation_checkpointing")
-    return defaults
+    return {**defaults, **trackers.defaults(recipe)}  # report_to: tensorboard where it is installed
 
 
 def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
@@ -81,6 +83,7 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
                                 "device is visible; remove `train.use_liger_kernel` here."))
     problems += _optimizer_problems(recipe, hw)
     problems += _distributed_problems(recipe, hw)
+    problems += trackers.problems(recipe)  # train.report_to naming a tracker that is not installed
     return problems
 
 

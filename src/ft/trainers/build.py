@@ -23,6 +23,7 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .. import trackers
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
 from .hooks import Hooks
@@ -45,8 +46,14 @@ class TrainerInputs:
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
-    """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``."""
-    return importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
+    """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``, with trackers writing under the output
+    directory (``ft.trackers.writing_under``) and ft's console lines instead of transformers' (``console.install``)."""
+    from . import console  # imports transformers
+
+    with trackers.writing_under(recipe.train_args["output_dir"]):
+        trainer = importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
+    console.install(trainer)
+    return trainer
 
 
 def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **from_sections):

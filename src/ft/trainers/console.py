@@ -1,0 +1,185 @@
+"""What ``ft train`` prints while it trains: one readable line per log event, on stderr, from the main process.
+
+transformers prints each log event as a raw dict (``PrinterCallback``, or ``ProgressCallback`` above its tqdm bar),
+on stdout, with every metric at four significant digits, evaluation noise included (``eval_num_tokens``,
+``eval_runtime``, …). ``install`` swaps both for ``ConsoleCallback``:
+
+    step  20/400  loss 1.234  lr 2.7e-03  grad 1.08  acc 0.412  tok/s 21.5k
+    step 100/400  eval  loss 1.101  acc 0.620
+    trained 400 steps in 312.4 s, mean loss 0.857
+
+Training lines carry the step, loss, learning rate, gradient norm, the method's headline metric (token accuracy for
+SFT; reward accuracy and margin for DPO and ORPO, the margin for KTO; mean reward for GRPO) and tokens per second.
+Evaluation lines carry the evaluation metrics without the runtime, samples/s, steps/s, token count and entropy, nor
+the detail families (``logits/…``, ``logps/…``, chosen/rejected rewards). Every value, these included, still goes to the
+trackers (``train.report_to``) and to ``trainer_state.json``'s log history. A tqdm bar counts the training steps
+when stderr is a terminal; piped (and with ``TQDM_DISABLE=1`` or ``train.disable_tqdm: true``) only the lines are
+written. The bars of data preparation are datasets' own and are left alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+# a log key -> (its label on the line, its format); in line order. Several keys may carry one label (a method logs
+# the first of them that it has: DPO also logs a mean_token_accuracy, which the reward accuracy replaces).
+LABELS: dict[str, tuple[str, str | None]] = {
+    "loss": ("loss", "{:.3f}"),
+    "learning_rate": ("lr", "{:.1e}"),
+    "grad_norm": ("grad", "{:.3g}"),
+    "reward": ("reward", "{:.3f}"),  # GRPO
+    "rewards/accuracies": ("acc", "{:.3f}"),  # DPO, ORPO
+    "rewards/margins": ("margin", "{:.3f}"),  # DPO, ORPO, KTO
+    "mean_token_accuracy": ("acc", "{:.3f}"),  # SFT (TRL's, measured on the trained positions)
+    "tokens_per_second": ("tok/s", None),  # ft's (FtTrainerMixin); formatted by _rate
+}
+# evaluation keys (without eval_) never shown: timing noise, a running token count, and detail families
+EVAL_HIDDEN = {"runtime", "samples_per_second", "steps_per_second", "num_tokens", "entropy", "epoch"}
+# the train summary transformers logs once training ends
+SUMMARY_KEYS = ("train_runtime", "train_loss")
+
+
+def install(trainer) -> None:
+    """Replace transformers' printing callbacks on ``trainer`` with ``ConsoleCallback`` (a notebook's own progress
+    table, where transformers chose one, stays)."""
+    for callback in list(trainer.callback_handler.callbacks):
+        if type(callback) in (PrinterCallback, ProgressCallback):  # exactly these: a recipe's subclass stays
+            trainer.remove_callback(callback)
+    if not any(type(cb).__name__ == "NotebookProgressCallback" for cb in trainer.callback_handler.callbacks):
+        trainer.add_callback(ConsoleCallback())
+
+
+def wants_bar(disable_tqdm: bool | None, stream=None) -> bool:
+    """A progress bar only on a terminal, and not when tqdm is turned off (``TQDM_DISABLE``, ``disable_tqdm``)."""
+    stream = stream or sys.stderr
+    if disable_tqdm or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class ConsoleCallback(TrainerCallback):
+    """One line per log event on stderr (main process only), above a tqdm bar of the steps on a terminal."""
+
+    def __init__(self, stream=None):
+        self.stream = stream  # None: sys.stderr as it is when writing (tests and tools swap it)
+        self.bar = None
+        self.eval_bar = None
+        self.start_step = 0  # the step training (re)started from: the summary counts this run's steps
+
+    @property
+    def _out(self):
+        return self.stream or sys.stderr
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start_step = state.global_step
+        if state.is_world_process_zero and wants_bar(args.disable_tqdm, self._out):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, file=self._out, dynamic_ncols=True,
+                            unit="step", leave=False)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if self.bar is None or not state.is_world_process_zero:
+            return
+        if self.eval_bar is None:
+            try:
+                total = len(eval_dataloader)
+            except TypeError:
+                return
+            from tqdm.auto import tqdm
+
+            self.eval_bar = tqdm(total=total, file=self._out, dynamic_ncols=True, unit="batch", desc="eval",
+                                 leave=False)
+        self.eval_bar.update(1)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._close_eval_bar()
+
+    def on_predict(self, args, state, control, **kwargs):
+        self._close_eval_bar()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        self._write(format_log(logs, state.global_step, state.max_steps, self.start_step))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._close_eval_bar()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _close_eval_bar(self) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    def _write(self, line: str) -> None:
+        if self.bar is not None:
+            from tqdm.auto import tqdm
+
+            tqdm.write(line, file=self._out)
+        else:
+            print(line, file=self._out, flush=True)
+
+
+def format_log(logs: dict, step: int, max_steps: int, start_step: int = 0) -> str:
+    """The console line of one log event (training, evaluation, or the end-of-training summary)."""
+    if all(key in logs for key in SUMMARY_KEYS):
+        return _summary_line(logs, step, start_step)
+    where = f"step {step:>{len(str(max_steps))}}/{max_steps}" if max_steps else f"step {step}"
+    evaluation = {key[5:]: value for key, value in logs.items() if key.startswith("eval_")}
+    if evaluation:
+        return f"{where}  eval  {_fields(evaluation, shown_rest=True)}".rstrip()
+    return f"{where}  {_fields(logs, shown_rest=False) or _fields(logs, shown_rest=True)}".rstrip()
+
+
+def _fields(logs: dict, *, shown_rest: bool) -> str:
+    """``label value`` pairs: the ``LABELS`` keys in order, then (evaluation) the other metrics by their own names."""
+    parts, used = [], set()
+    for key, (label, fmt) in LABELS.items():
+        value = logs.get(key)
+        if label in used or not _number(value):
+            continue
+        used.add(label)
+        parts.append(f"{label} {_rate(value) if fmt is None else fmt.format(value)}")
+    if shown_rest:
+        for key, value in logs.items():
+            if key in LABELS or key in EVAL_HIDDEN or "/" in key or not _number(value):
+                continue
+            parts.append(f"{key} {value:.4g}")
+    return "  ".join(parts)
+
+
+def _summary_line(logs: dict, step: int, start_step: int) -> str:
+    trained = step - start_step
+    text = f"trained {trained} step{'s' if trained != 1 else ''}"
+    if start_step:
+        text += f" (steps {start_step + 1}-{step})"
+    text += f" in {logs['train_runtime']:.1f} s"
+    if _number(logs.get("train_loss")):
+        text += f", mean loss {logs['train_loss']:.3f}"
+    return text
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # nan and inf shown as such
+
+
+def _rate(value: float) -> str:
+    """21500 -> 21.5k; 372.4 -> 372; 1.2e6 -> 1.2M."""
+    if not math.isfinite(value):
+        return str(value)
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:.0f}"
