@@ -1,10 +1,16 @@
 """Generate the tiny arithmetic datasets in ``data/arithmetic/``.
 
 Small, deterministic (fixed seed) datasets in every shape the ``ft`` recipes consume:
-chat SFT (``messages``), preference pairs (DPO), prompts with checkable answers (GRPO),
-instruction/input/output (Alpaca-style) and plain ``text``. Questions are mostly addition
-and subtraction of 0-99 (non-negative results) plus some 1-digit multiplication. Every
-eval question is held out: no question in an ``*eval*`` file occurs in a training file.
+chat SFT (``messages``), preference pairs (DPO/KTO/ORPO), prompts with checkable answers (GRPO),
+instruction/input/output (Alpaca-style) and plain ``text``. Every question adds a one-digit number to a
+number below 100 (``What is 47 + 5?``): 1,000 questions, small enough that the quickstart's tiny model
+(~150k parameters) really learns them on a CPU in about a minute, carries included, and
+checkable exactly. 200 questions are held out: no question in an ``*eval*`` file occurs in a training file,
+and every eval file asks each of them once.
+
+Preference pairs are conversations (the SFT chats' system and user turns, then one assistant answer), so the
+trainers render them with the chat template the SFT model learned. ``rejected`` is a wrong answer of the
+kind the SFT model itself gets wrong: the carry missed or added (off by 10) or the last digit off by 1-3.
 
 Usage: python scripts/make_arithmetic_data.py [--out data/arithmetic]
 """
@@ -16,32 +22,29 @@ from pathlib import Path
 
 SEED = 1234
 SYSTEM = "You are a calculator."
-OPS, WEIGHTS = ["+", "-", "*"], [45, 45, 10]
-INSTRUCTIONS = {"+": "Add the two numbers.", "-": "Subtract the second number from the first.",
-                "*": "Multiply the two numbers."}
-EVAL_RESERVE = {"+": 250, "-": 250, "*": 25}  # questions held out for all eval files
+INSTRUCTION = "Add the two numbers."
+QUESTIONS = [(a, b) for a in range(100) for b in range(10)]  # a + b: a below 100, b one digit
+EVAL_QUESTIONS = 200  # held out for all eval files
 
 
 def answer(q):
-    a, op, b = q
-    return str(a + b if op == "+" else a - b if op == "-" else a * b)
+    return str(q[0] + q[1])
 
 
 def question(q):
-    return f"What is {q[0]} {q[1]} {q[2]}?"
+    return f"What is {q[0]} + {q[1]}?"
 
 
 class Sampler:
-    """Draws questions with the op mix above, cycling each op's pool without replacement."""
+    """Draws questions from a pool, cycling through it in a fresh random order each time."""
 
-    def __init__(self, pools, rng):
-        self.pools, self.rng, self.queues = pools, rng, {op: [] for op in OPS}
+    def __init__(self, pool, rng):
+        self.pool, self.rng, self.queue = pool, rng, []
 
     def __call__(self):
-        op = self.rng.choices(OPS, WEIGHTS)[0]
-        if not self.queues[op]:
-            self.queues[op] = self.rng.sample(self.pools[op], len(self.pools[op]))
-        return self.queues[op].pop()
+        if not self.queue:
+            self.queue = self.rng.sample(self.pool, len(self.pool))
+        return self.queue.pop()
 
 
 def chat_row(draw, rng, multi_turn_rate=0.1):
@@ -53,12 +56,18 @@ def chat_row(draw, rng, multi_turn_rate=0.1):
     return {"messages": messages}
 
 
+def wrong_answer(q, rng):
+    """A near miss: the carry missed or added (±10), or the last digit off by 1-3; never negative."""
+    right = int(answer(q))
+    offsets = [-10, 10] if rng.random() < 0.5 else [-3, -2, -1, 1, 2, 3]
+    return str(right + rng.choice([d for d in offsets if right + d >= 0]))
+
+
 def preference_row(draw, rng):
     q = draw()
-    right = int(answer(q))
-    offset = rng.choice([d for d in range(-10, 11) if d != 0])
-    wrong = right + offset if right + offset >= 0 else right + abs(offset)
-    return {"prompt": question(q), "chosen": str(right), "rejected": str(wrong)}
+    return {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(q)}],
+            "chosen": [{"role": "assistant", "content": answer(q)}],
+            "rejected": [{"role": "assistant", "content": wrong_answer(q, rng)}]}
 
 
 def prompt_row(draw, rng):
@@ -71,12 +80,12 @@ def prompt_row(draw, rng):
 
 def instruction_row(draw, rng):
     q = draw()
-    return {"instruction": INSTRUCTIONS[q[1]], "input": f"{q[0]} and {q[2]}", "output": answer(q)}
+    return {"instruction": INSTRUCTION, "input": f"{q[0]} and {q[1]}", "output": answer(q)}
 
 
 def text_row(draw, rng):
     q = draw()
-    return {"text": f"{q[0]} {q[1]} {q[2]} = {answer(q)}"}
+    return {"text": f"{q[0]} + {q[1]} = {answer(q)}"}
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -86,18 +95,21 @@ def write_jsonl(path: Path, rows) -> None:
     print(f"wrote {path} ({len(rows)} rows, {path.stat().st_size:,} bytes)")
 
 
+def user_turns(messages):
+    return [m["content"] for m in messages if m["role"] == "user"]
+
+
 def questions_in(row):
-    """The questions in a row, normalised to "a op b" (for the disjointness check)."""
+    """The questions in a row, as "a + b" (for the disjointness check)."""
     if "messages" in row:
-        return {m["content"][8:-1] for m in row["messages"] if m["role"] == "user"}
-    if "prompt" in row and isinstance(row["prompt"], list):
-        return {m["content"][8:-1] for m in row["prompt"] if m["role"] == "user"}
-    if "prompt" in row:
-        return {row["prompt"][8:-1]}  # strip "What is " and "?"
-    if "instruction" in row:
-        op = next(k for k, v in INSTRUCTIONS.items() if v == row["instruction"])
-        return {row["input"].replace(" and ", f" {op} ")}
-    return {row["text"].split(" = ")[0]}
+        texts = user_turns(row["messages"])
+    elif "prompt" in row:
+        texts = user_turns(row["prompt"])
+    elif "instruction" in row:
+        return {row["input"].replace(" and ", " + ")}
+    else:
+        return {row["text"].split(" = ")[0]}
+    return {text.removeprefix("What is ").removesuffix("?") for text in texts}
 
 
 def main() -> None:
@@ -108,33 +120,38 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
 
-    pools = {"+": [(a, "+", b) for a in range(100) for b in range(100)],
-             "-": [(a, "-", b) for a in range(100) for b in range(a + 1)],
-             "*": [(a, "*", b) for a in range(10) for b in range(10)]}
-    eval_pools = {op: rng.sample(pools[op], n) for op, n in EVAL_RESERVE.items()}
-    train_pools = {op: [q for q in pools[op] if q not in set(eval_pools[op])] for op in OPS}
-    train, held_out = Sampler(train_pools, rng), Sampler(eval_pools, rng)
+    held_out = rng.sample(QUESTIONS, EVAL_QUESTIONS)
+    train_pool = [q for q in QUESTIONS if q not in set(held_out)]
 
-    files = {  # name: (row maker, sampler, number of rows)
-        "train.jsonl": (chat_row, train, 3000), "eval.jsonl": (chat_row, held_out, 200),
-        "preference.jsonl": (preference_row, train, 1000),
-        "preference-eval.jsonl": (preference_row, held_out, 100),
-        "prompts.jsonl": (prompt_row, train, 1000), "prompts-eval.jsonl": (prompt_row, held_out, 100),
-        "instruction.jsonl": (instruction_row, train, 200), "text.jsonl": (text_row, train, 200),
+    files = {  # name: (row maker, question pool, number of rows); each file cycles through its pool on its own
+        "train.jsonl": (chat_row, train_pool, 3000), "eval.jsonl": (chat_row, held_out, 200),
+        "preference.jsonl": (preference_row, train_pool, 1000),
+        "preference-eval.jsonl": (preference_row, held_out, 200),
+        "prompts.jsonl": (prompt_row, train_pool, 1000), "prompts-eval.jsonl": (prompt_row, held_out, 200),
+        "instruction.jsonl": (instruction_row, train_pool, 200), "text.jsonl": (text_row, train_pool, 200),
     }
     written = {}
-    for name, (make, draw, n) in files.items():
+    for name, (make, pool, n) in files.items():
+        draw = Sampler(pool, rng)
         written[name] = [make(draw, rng) for _ in range(n)]
         write_jsonl(out / name, written[name])
 
-    # Self-checks: eval questions never appear in training files; answers are right.
+    # Self-checks: eval questions never appear in training files; answers are right; one-turn eval files ask
+    # every held-out question once.
     train_q = set().union(*(questions_in(r) for k, rows in written.items() if "eval" not in k
                             for r in rows))
     eval_q = set().union(*(questions_in(r) for k, rows in written.items() if "eval" in k
                            for r in rows))
     assert not train_q & eval_q, "eval questions leak into training files"
-    for r in written["preference.jsonl"]:
-        assert r["chosen"] == str(eval(r["prompt"][8:-1])) != r["rejected"]
+    for name in ("preference.jsonl", "preference-eval.jsonl"):
+        for r in written[name]:
+            (q,) = questions_in(r)
+            assert r["chosen"][0]["content"] == str(eval(q)) != r["rejected"][0]["content"]
+    for name in ("preference-eval.jsonl", "prompts-eval.jsonl"):
+        assert len(set().union(*map(questions_in, written[name]))) == EVAL_QUESTIONS
+    for r in written["prompts.jsonl"] + written["prompts-eval.jsonl"]:
+        (q,) = questions_in(r)
+        assert r["answer"] == str(eval(q))
     multi = sum(len(r["messages"]) == 5 for r in written["train.jsonl"])
     total = sum((out / name).stat().st_size for name in files)
     assert total < 2_000_000, total

@@ -69,11 +69,12 @@ def tiny_sft(output_dir: Path, **train) -> dict:
 
 @pytest.fixture(scope="session")
 def sft_model(tmp_path_factory) -> Path:
-    """A tiny model that has learned the arithmetic chats a little (the quickstart, shortened): the natural
-    starting point for DPO and GRPO tests. Trained once per test session through the real CLI."""
+    """A tiny model that has learned the arithmetic chats half way (the quickstart shortened to 700 of its 1200
+    steps: about half of the held-out sums right, where the full run gets 0.90-0.99): the natural starting point for
+    DPO and GRPO tests, with room left to improve. Trained once per test session through the real CLI."""
     out = tmp_path_factory.mktemp("sft-start") / "run"
     result = run_ft("train", "recipes/quickstart.yaml", "--set", f"train.output_dir={out}",
-                    "--set", "train.max_steps=150", "--set", "train.eval_on_start=false",
+                    "--set", "train.max_steps=700", "--set", "train.eval_on_start=false",
                     "--set", "train.eval_strategy='no'", "--set", "train.save_strategy='no'")
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "final"

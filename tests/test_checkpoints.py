@@ -201,6 +201,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     assert f"resuming from {out / f'checkpoint-{stops[1]}'}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == total
+    assert summary["resumed_from"] == str(out / f"checkpoint-{stops[1]}")
     # each run took up at the step after the checkpoint's (a fresh start would have taken steps 1-150) ...
     first, second, third = steps_by_run(out / "steps-rank0.log")
     assert second[0] == stops[0] + 1 and third == list(range(stops[1] + 1, total + 1))

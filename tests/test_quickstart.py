@@ -51,10 +51,12 @@ def test_output_directory_layout(quickstart_run):
     assert "model in" in result.stderr
 
 
-def test_plots_of_loss_learning_rate_and_grad_norm(quickstart_run):
+def test_plots_of_loss_learning_rate_grad_norm_tokens_per_second_and_eval_metrics(quickstart_run):
     out, _ = quickstart_run
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["plots"] == ["plots/loss.png", "plots/learning_rate.png", "plots/grad_norm.png"]
+    assert summary["plots"] == ["plots/loss.png", "plots/learning_rate.png", "plots/grad_norm.png",
+                                "plots/tokens_per_second.png", "plots/eval_entropy.png",
+                                "plots/eval_mean_token_accuracy.png"]
     for name in summary["plots"]:
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000  # axes and a line, not an empty canvas

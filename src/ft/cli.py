@@ -327,6 +327,36 @@ def plan(
 
 
 @app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", show_default=False,
+                                                   help="Output directories of ft train runs (train.output_dir).")],
+    plots: Annotated[Path | None, typer.Option("--plots", metavar="DIR", show_default=False,
+                                               help="Also draw the runs' loss, eval loss, learning rate and tokens/s "
+                                                    "on shared axes, as PNGs in DIR.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every run's summary and the recipe keys that "
+                                          "differ, as JSON.")] = False,
+) -> None:
+    """Show what runs did: status, steps, losses, eval metrics, tokens/s, peak memory, wall time, side by side with
+    the recipe keys that differ. A run still training is read from its newest checkpoint."""
+    from .compare import ReportError, load_runs, merged, render, write_overlay_plots
+
+    def step() -> int:
+        try:
+            runs = load_runs(run_dirs)
+        except ReportError as exc:
+            _err(f"ft report: {exc}")
+            return EXIT_INVALID
+        print(json.dumps(merged(runs), indent=1) if as_json else render(runs))
+        for path in write_overlay_plots(runs, plots) if plots is not None else ():
+            _err(f"ft report: wrote {path}")
+        return 0
+
+    code = _guarded_at(step, "reporting", "ft-report")
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of recipes (for editors: yaml-language-server)."""
     from .recipe.json_schema import recipe_json_schema

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import adapters, checkpoints, data, hardware, hub, models, ranks, report, signals
+from . import adapters, checkpoints, data, exact_match, hardware, hub, models, ranks, report, signals
 from .drift import check_drift
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
+from .recipe.errors import first_line
 from .recipe.redact import resolved_recipe_yaml
 from .trainers import Hooks, TrainerInputs, build_trainer, distributed, resolve_hooks
 
@@ -40,7 +42,10 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print, callbacks=(), *,
           overwrite: bool = False, command: str | None = None) -> RunResult:
     """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks);
-    ``command`` is the command line that resumes the run (the CLI passes the one it was started with)."""
+    ``command`` is the command line that resumes the run (the CLI passes the one it was started with). An unexpected
+    exception once the trainer is built is raised on after summary.json (status ``failed``) and the plots so far are
+    written."""
+    wall_started = time.perf_counter()
     recipe = loaded.recipe
     main = ranks.is_main()
     say = say if main else _silent
@@ -66,9 +71,12 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
+    phases: dict = dict.fromkeys(report.PHASES)  # filled in as each phase ends
+    facts = {"device": hw.summary, "peak_memory_source": "cuda_max_allocated" if hw.cuda else "process_max_rss",
+             "resumed_from": resume_from, "phase_seconds": phases, "versions": report.versions(), "failure": None}
 
     try:
-        trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks)
+        trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
     except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
         raise loaded.error([exc.problem]) from None
     if resume_from:
@@ -76,40 +84,58 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     together = ranks.world_size() > 1 and trainer.args.enable_jit_checkpoint
     started = time.perf_counter()
-    with signals.StopWatch(pass_on=not together, resume_hint=f"To resume, run: {command}") as watch:
-        if together:
-            from .trainers.preemption import StopTogether
+    try:
+        with signals.StopWatch(pass_on=not together, resume_hint=f"To resume, run: {command}") as watch:
+            if together:
+                from .trainers.preemption import StopTogether
 
-            trainer.add_callback(StopTogether(watch))
-        trainer.train(resume_from_checkpoint=resume_from)
-    seconds = time.perf_counter() - started
-    state = trainer.state
+                trainer.add_callback(StopTogether(watch))
+            trainer.train(resume_from_checkpoint=resume_from)
+        seconds = time.perf_counter() - started
+        phases["train"] = round(seconds, 3)
+        state = trainer.state
 
-    if signals.stopped_early(state.global_step, state.max_steps, watch.received):
-        saved = checkpoints.complete_checkpoints(output_dir)
-        summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
-        name = signals.signal_name(watch.received)
-        summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
-        _write_report(output_dir, summary, state.log_history, main)
-        say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved {summary['checkpoint']} "
-            f"(transformers waits {signals.jit_kill_wait()} s after the signal, in case a SIGKILL follows, then saves "
-            f"at the end of the step). To resume from it, run the same command again: {command}")
-        return RunResult("stopped", output_dir, summary, watch.received)
+        if signals.stopped_early(state.global_step, state.max_steps, watch.received):
+            saved = checkpoints.complete_checkpoints(output_dir)
+            summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
+                                       final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
+            name = signals.signal_name(watch.received)
+            summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
+            _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
+            say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved "
+                f"{summary['checkpoint']} (transformers waits {signals.jit_kill_wait()} s after the signal, in case a "
+                f"SIGKILL follows, then saves at the end of the step). To resume from it, run the same command again: "
+                f"{command}")
+            return RunResult("stopped", output_dir, summary, watch.received)
 
-    final_eval = trainer.evaluate() if prepared.eval is not None else None
-    distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is still a whole model
-    trainer.save_model(str(output_dir / "final"))
-    summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                               final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
-    _write_report(output_dir, summary, state.log_history, main)
-    say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
-    return RunResult("completed", output_dir, summary)
+        final_eval = _evaluated_at_last_step(trainer) if prepared.eval is not None else None
+        if final_eval is not None:
+            phases["evaluate"] = 0.0  # the evaluation at the last step (timed in train) is the final one
+        elif prepared.eval is not None:
+            with _timed(phases, "evaluate"):
+                final_eval = trainer.evaluate()
+        with _timed(phases, "save"):
+            distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
+            trainer.save_model(str(output_dir / "final"))
+        summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
+                                   final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
+        if main and recipe.data.eval_exact_match is not None:  # greedy answers to held-out prompts, this process alone
+            summary["exact_match"] = exact_match.after_training(recipe, trainer, say)
+        _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
+        say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
+        return RunResult("completed", output_dir, summary)
+    except Exception as exc:  # summary.json says so, then ft train prints its one paragraph and exits 1
+        if main:
+            seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - started
+            _write_failure(exc, output_dir, recipe, prepared, trainer, seconds, facts, wall_started, say)
+        raise
 
 
 def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Callable[[str], None] = print,
-                    callbacks=()) -> tuple[object, data.PreparedData]:
-    """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains."""
+                    callbacks=(), *, phases: dict | None = None) -> tuple[object, data.PreparedData]:
+    """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains; the seconds each part
+    took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
+    clock = time.perf_counter()
     tokenizer = models.load_tokenizer(recipe.model, say)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
@@ -120,6 +146,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
             "it ready (they wait without a time limit)")
     prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
                                  builder=ranks.is_main())
+    data_ready = time.perf_counter()
     model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
     # ft's defaults: this machine's, then what distributed: maps to (over the machine's), then JIT checkpointing
@@ -128,13 +155,56 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                 **checkpoints.JIT_DEFAULT}
     inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
                            hardware.optimizer_defaults(recipe, hw), adapters.lora_config(recipe.adapter, new_token_ids))
-    return build_trainer(recipe, inputs), prepared
+    trainer = build_trainer(recipe, inputs)
+    if phases is not None:
+        phases.update(prepare_data=round(data_ready - clock, 3), load_model=round(time.perf_counter() - data_ready, 3))
+    return trainer, prepared
 
 
-def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main: bool) -> None:
+def _evaluated_at_last_step(trainer) -> dict | None:
+    """The metrics of the evaluation the trainer ran at its last step (``eval_strategy`` landing on it), which serve as
+    the final evaluation instead of a second identical one; None when the last evaluation came earlier, or when the
+    trainer loaded the best checkpoint at the end (the model evaluated then is another one)."""
+    state = trainer.state
+    if trainer.args.load_best_model_at_end:
+        return None
+    entry = report.last_eval(state.log_history)
+    if entry is None or entry.get("step") != state.global_step:
+        return None
+    return {key: value for key, value in entry.items() if key != "step"}
+
+
+@contextmanager
+def _timed(phases: dict, name: str):
+    """``phases[name]``: the seconds the block took, set only when it ends without an exception."""
+    clock = time.perf_counter()
+    yield
+    phases[name] = round(time.perf_counter() - clock, 3)
+
+
+def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main: bool, facts: dict,
+                  wall_started: float) -> None:
+    """plots/, log_history.json and summary.json, from the main process: ``facts`` (device, versions, phase times,
+    …) and the wall time since ``wall_started`` are added to ``summary``."""
     if main:
-        summary["plots"] = report.write_plots(output_dir, log_history)
+        plots = report.write_plots(output_dir, log_history)
+        report.write_log_history(output_dir, log_history)
+        summary.update(facts, wall_seconds=round(time.perf_counter() - wall_started, 3), plots=plots)
         report.write_summary(output_dir, summary)
+
+
+def _write_failure(exc: Exception, output_dir: Path, recipe: Recipe, prepared: data.PreparedData, trainer,
+                   seconds: float, facts: dict, wall_started: float, say: Callable[[str], None]) -> None:
+    """summary.json with status ``failed`` (the exception's type and first line, and the file ``ft train`` writes its
+    traceback to: ``error.log``, unless FT_DEBUG=1 raises it instead) and the plots of what was logged so far."""
+    try:
+        state = trainer.state
+        summary = report.summarize("failed", state.log_history, steps=state.global_step, train_seconds=seconds,
+                                   final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
+        failure = {"type": type(exc).__name__, "message": first_line(exc), "traceback": str(output_dir / "error.log")}
+        _write_report(output_dir, summary, state.log_history, True, {**facts, "failure": failure}, wall_started)
+    except Exception as problem:  # the failure being reported is what the user must see; this one is a footnote
+        say(f"ft: could not write summary.json after the failure ({type(problem).__name__}: {first_line(problem)})")
 
 
 def _silent(_message: str) -> None:
@@ -142,13 +212,17 @@ def _silent(_message: str) -> None:
 
 
 def _extra(recipe: Recipe, prepared: data.PreparedData, trainer, train_seconds: float) -> dict:
-    """summary.json beyond the losses: data counts, processes, and the main process's token counts. Its
-    ``tokens_per_second`` is ``tokens / train_seconds``, over the same clock as ``train_seconds`` (the log lines'
-    running figure counts from the first training batch instead)."""
+    """summary.json beyond the losses: epochs, data counts, processes, and the main process's token and sample
+    counts. Its ``tokens_per_second`` is ``tokens / train_seconds`` (``samples_per_second`` likewise), over the same
+    clock as ``train_seconds`` (the log lines' running figure counts from the first training batch instead)."""
     stats = trainer.ft_stats()
     stats["tokens_per_second"] = round(stats["tokens"] / train_seconds, 1) if train_seconds else None
-    extra = {"data": prepared.stats, "world_size": trainer.args.world_size, **stats,
-             "best": report.best_checkpoint(trainer.state, trainer.args)}
+    stats["samples_per_second"] = round(stats["samples"] / train_seconds, 3) if train_seconds else None
+    epoch = trainer.state.epoch
+    extra = {"epochs": round(epoch, 4) if epoch is not None else None, "data": prepared.stats,
+             "world_size": trainer.args.world_size, **stats,
+             "best": report.best_checkpoint(trainer.state, trainer.args),
+             "headline": report.headline(recipe.method, trainer.state.log_history)}
     return extra if recipe.adapter is None else {**extra, "base_model": base_model(recipe)}
 
 

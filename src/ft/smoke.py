@@ -274,6 +274,8 @@ def _machine(edits: _Edits, recipe: Recipe) -> None:
     edits.set("train.use_cpu", True, "the smoke run trains on the CPU", say="use_cpu" in train)
     if "fp16" not in train:
         edits.set("train.bf16", False, "the CPU trains in float32", say=False)
+    if "report_to" not in train:  # ft's default (TensorBoard where installed, ft.trackers) is for real runs
+        edits.set("train.report_to", "none", "a smoke run reports to no tracker", say=False)
 
     model = recipe.model
     if model.dtype in ("bfloat16", "float16"):
@@ -613,18 +615,26 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, tokenizer) -> dict[str,
     data_dir.mkdir(parents=True)
     copies: dict[str, str] = {}
     chat = bool(getattr(tokenizer, "chat_template", None))
-    for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources)):
-        for i, source in enumerate(sources):
-            key, rows = f"data.{split}.{i}", ROWS[split]
-            copy, why = _head(source, rows, data_dir / f"{split}.{i}")
-            if copy is not None:
-                copies[str(copy)] = source.path
-                edits.set(f"{key}.path", str(copy), why)
-            elif why is not None:  # unreachable: generated rows
-                path = data_dir / f"{split}.{i}.generated.jsonl"
-                _write_jsonl(path, _generated(source, split, rows, recipe, chat))
-                edits.set(f"{key}.path", str(path), f"{rows} generated `{source.format}` rows in the source's "
-                          f"layout: the data cannot be read here ({why})")
+    scored = recipe.data.eval_exact_match
+    keyed = [(f"data.{split}.{i}", split, source) for split, sources in (("train", recipe.data.train),
+                                                                         ("eval", recipe.data.eval_sources))
+             for i, source in enumerate(sources)]
+    if scored is not None:
+        edits.set("data.eval_exact_match.n", min(scored.n, ROWS["eval"]), "the exact match scores a few prompts",
+                  say=False)
+        if scored.source is not None:
+            keyed.append(("data.eval_exact_match.source", "eval", scored.source))
+    for key, split, source in keyed:
+        rows = ROWS[split]
+        copy, why = _head(source, rows, data_dir / key.removeprefix("data."))
+        if copy is not None:
+            copies[str(copy)] = source.path
+            edits.set(f"{key}.path", str(copy), why)
+        elif why is not None:  # unreachable: generated rows
+            path = data_dir / f"{key.removeprefix('data.')}.generated.jsonl"
+            _write_jsonl(path, _generated(source, split, rows, recipe, chat))
+            edits.set(f"{key}.path", str(path), f"{rows} generated `{source.format}` rows in the source's "
+                      f"layout: the data cannot be read here ({why})")
     return copies
 
 

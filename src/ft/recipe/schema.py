@@ -15,6 +15,7 @@ from pydantic import Field, PositiveInt, StrictBool, StrictStr, create_model, fi
 from .adapter import AdapterSection
 from .base import Section, resolve_input_path
 from .distributed import DistributedSection, LaunchSection
+from .evaluation import ExactMatchSettings
 from .hooks import HooksMixin
 from .methods import METHODS, moved_to_method_section
 from .names import FORMATS
@@ -73,6 +74,9 @@ class DataSource(Section):
     resolve_path = field_validator("path")(resolve_input_path)
 
 
+ExactMatchSettings.model_rebuild()  # its `source` is a DataSource, defined just above
+
+
 class SplitRatio(Section):
     split_ratio: Number = Field(gt=0, lt=1, description="Share of the training rows held out for evaluation.")
 
@@ -99,6 +103,7 @@ class DataSection(Section):
         False, description="Refuse to train when the prepared dataset is missing or stale instead of rebuilding it.")
     on_bad_row: Literal["error", "skip"] = Field(
         "error", description="A row that does not fit its format: stop and list it, or skip it (counted per reason).")
+    eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
 
     @property
     def eval_sources(self) -> list[DataSource]:

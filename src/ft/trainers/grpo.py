@@ -42,7 +42,8 @@ class FtGRPOTrainer(FtTrainerMixin, GRPOTrainer):
         inputs = super()._prepare_inputs(generation_batch)
         if self.model.training:
             padded = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
-            self._ft_count(padded, inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
+            self._ft_count(padded, inputs["prompt_mask"].sum() + inputs["completion_mask"].sum(),
+                           len(inputs["prompt_ids"]))
         return inputs
 
 

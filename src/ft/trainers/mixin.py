@@ -21,6 +21,7 @@ from .optimization import Optimization, build_scheduler, check_groups_match, par
 class FtTrainerMixin:
     _ft_padded = 0  # token positions fed to the model (padding included)
     _ft_real = None  # non-padding tokens, a device tensor summed lazily (no sync per step)
+    _ft_samples = 0  # sequences (rows, or packed rows) fed to the model
     _ft_started: float | None = None
     ft_optimization = Optimization()  # what the recipe adds; set per trainer in __init__
 
@@ -56,20 +57,23 @@ class FtTrainerMixin:
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None  # GRPO passes raw rows
         if ids is not None:
             mask = inputs.get("attention_mask")
-            self._ft_count(ids.numel(), mask.sum() if mask is not None else ids.numel())
+            self._ft_count(ids.numel(), mask.sum() if mask is not None else ids.numel(), len(ids))
         return super().training_step(model, inputs, *args, **kwargs)
 
-    def _ft_count(self, padded: int, real) -> None:
-        """Add one training micro-batch: ``padded`` positions, ``real`` of them tokens (a device tensor is fine)."""
+    def _ft_count(self, padded: int, real, samples: int = 0) -> None:
+        """Add one training micro-batch: ``padded`` positions, ``real`` of them tokens (a device tensor is fine), in
+        ``samples`` sequences."""
         self._ft_started = self._ft_started or time.perf_counter()
         self._ft_padded += padded
+        self._ft_samples += samples
         self._ft_real = real if self._ft_real is None else self._ft_real + real
 
     def ft_stats(self) -> dict:
-        """Tokens, tokens/s, padding efficiency and peak memory so far (train steps only)."""
+        """Tokens, tokens/s, samples, padding efficiency and peak memory so far (train steps only)."""
         real = int(self._ft_real) if self._ft_real is not None else 0
         seconds = time.perf_counter() - self._ft_started if self._ft_started else 0.0
         stats = {"tokens": real, "tokens_per_second": round(real / seconds, 1) if seconds else None,
+                 "samples": self._ft_samples,
                  "padding_efficiency": round(real / self._ft_padded, 4) if self._ft_padded else None}
         stats["peak_memory_gb"] = _peak_memory_gb()
         return stats

@@ -1,0 +1,201 @@
+"""Exact match on held-out prompts: greedy answers of a trained model compared with the expected ones.
+
+The end of ``ft train`` computes it when the recipe sets ``data.eval_exact_match`` (the quickstart recipes do): the
+first ``n`` rows of the held-out data (``data.eval``, or the setting's own ``source``, e.g. GRPO's held-out prompts),
+each a prompt and its expected answer, are answered greedily in batches, and an answer counts when its text, stripped
+of whitespace, equals the expected one. The held-out rows by format:
+
+- ``chat`` (and ``instruction``): the conversation up to its last assistant turn is the prompt, rendered with the
+  chat template; that turn's content is the expected answer;
+- ``preference``: the prompt, and the ``chosen`` answer;
+- ``prompt``: the prompt, and the row's ``answer`` field (``field:`` names another one);
+- ``text``: the ``prompt`` and its ``completion`` (a plain ``text`` row has no prompt and is left out).
+
+A prompt given as messages is rendered with the chat template (as the trainers render it); a text prompt is
+continued as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .data.rows import BadRows, DataError
+
+EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    prompt: str | list  # text, or a list of {role, content} messages
+    answer: str
+
+
+def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
+                examples: int = EXAMPLES) -> dict:
+    """The share of ``rows`` (``HeldOut`` or ``{"prompt", "answer"}``) whose greedy answer equals the expected one:
+    ``{"exact_match": fraction, "n": count, "examples": [{"prompt", "expected", "got"}, …]}`` (the examples are the
+    first rows, right or wrong)."""
+    import torch
+
+    from .inference import Sampling, _generation_config
+
+    rows = [row if isinstance(row, HeldOut) else HeldOut(row["prompt"], str(row["answer"])) for row in rows]
+    config = _generation_config(model, tokenizer, Sampling(max_new_tokens=max_new_tokens))
+    stops = set(config.eos_token_id) | ({tokenizer.pad_token_id} - {None})
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # generation continues every row at its end
+    was_training = model.training
+    model.eval()
+    answers: list[str] = []
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            texts = [_rendered(tokenizer, row.prompt) for row in batch]
+            templated = isinstance(batch[0].prompt, list)  # a rendered template holds its special tokens
+            encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not templated)
+            encoded = encoded.to(model.device)
+            with torch.no_grad():
+                output = model.generate(**encoded, generation_config=config)
+            for ids in output[:, encoded["input_ids"].shape[1]:].tolist():
+                kept = ids[:next((i for i, token in enumerate(ids) if token in stops), len(ids))]
+                answers.append(tokenizer.decode(kept, skip_special_tokens=True))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    right = [got.strip() == row.answer.strip() for row, got in zip(rows, answers, strict=True)]
+    return {"exact_match": round(sum(right) / len(rows), 4) if rows else None, "n": len(rows),
+            "examples": [{"prompt": _shown(row.prompt), "expected": row.answer, "got": got.strip()}
+                         for row, got in zip(rows[:examples], answers, strict=False)]}
+
+
+def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
+    """The first ``n`` held-out rows of ``recipe`` for ``data.eval_exact_match``: its ``source`` when set, else the
+    recipe's evaluation data (its ``data.eval`` sources, or the rows ``split_ratio`` holds out). Raises DataError
+    when there are none."""
+    from .data.build import _read
+
+    settings = recipe.data.eval_exact_match
+    field = settings.field if settings is not None else "answer"
+    if settings is not None and settings.source is not None:
+        key = "data.eval_exact_match.source"
+        dataset = _rows(recipe, [settings.source], [key])
+    elif recipe.data.eval_sources:
+        key, sources = "data.eval", recipe.data.eval_sources
+        dataset = _rows(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))])
+    elif recipe.data.has_eval:  # split_ratio: the training rows it holds out
+        key, dataset = "data.eval", _read(recipe, _quiet)[1]
+    else:
+        raise DataError("data.eval_exact_match: the recipe has no held-out data to score; give `data.eval` or "
+                        "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
+    rows = []
+    for row in dataset:
+        held = _held_out(row, field)
+        if held is not None:
+            rows.append(held)
+            if n is not None and len(rows) == n:
+                break
+    if not rows:
+        raise DataError(f"data.eval_exact_match: no row of {key} has both a prompt and an expected answer "
+                        f"(columns: {', '.join(c for c in dataset.column_names if not c.startswith('__ft'))}).")
+    return rows
+
+
+def report_line(result: dict) -> str:
+    """``ft: exact match on 200 held-out prompts: 0.83 (e.g. 'What is 3 + 4?' → '7')``."""
+    example = next(iter(result["examples"]), None)
+    shown = f" (e.g. {example['prompt']!r} → {example['got']!r})" if example else ""
+    return f"ft: exact match on {result['n']} held-out prompts: {result['exact_match']:.2f}{shown}"
+
+
+def after_training(recipe, trainer, say: Callable[[str], None] = print) -> dict | None:
+    """``data.eval_exact_match`` of the model ``trainer`` just trained, on this (the main) process alone: printed,
+    and returned for summary.json. None when the recipe does not ask, or when the model is sharded over several
+    processes (FSDP, DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
+    settings = recipe.data.eval_exact_match
+    if settings is None:
+        return None
+    if trainer.args.world_size > 1 and recipe.distributed.kind != "ddp":
+        say(f"ft: exact match skipped: the model is sharded over {trainer.args.world_size} processes "
+            f"({recipe.distributed.kind}); score final/ with `ft generate` instead")
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return compute(recipe, model, trainer.processing_class, say)
+
+
+def compute(recipe, model, tokenizer, say: Callable[[str], None] = print) -> dict | None:
+    """``data.eval_exact_match`` for ``model``: printed, and returned (None when the recipe does not ask)."""
+    settings = recipe.data.eval_exact_match
+    if settings is None:
+        return None
+    rows = held_out_rows(recipe, settings.n)
+    result = exact_match(model, tokenizer, rows, max_new_tokens=settings.max_new_tokens,
+                         batch_size=settings.batch_size)
+    say(report_line(result))
+    return result
+
+
+def _rows(recipe, sources, keys: list[str]):
+    """The canonical rows of ``sources`` (``data.eval`` or the setting's own, named by ``keys`` in errors), read as
+    ``ft train`` reads them."""
+    import datasets
+
+    from .data.formats import normalize
+    from .data.sources import mix, read_source
+
+    data, report = recipe.data, BadRows()
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a re-read of a few hundred rows: its bars would only interrupt the report
+    try:
+        parts = [normalize(read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=name),
+                           source, key=name, on_bad_row=data.on_bad_row, report=report)
+                 for name, source in zip(keys, sources, strict=True)]
+        return mix(parts, keys)
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
+def _held_out(row: dict, field: str) -> HeldOut | None:
+    if "messages" in row:  # chat, instruction
+        messages = row["messages"]
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if not last:
+            return None
+        return HeldOut([{"role": m["role"], "content": m["content"]} for m in messages[:last]],
+                       _content(messages[last]))
+    if "chosen" in row:  # preference
+        return HeldOut(_prompt(row["prompt"]), _content(row["chosen"]))
+    if "completion" in row:  # text
+        return HeldOut(row["prompt"], row["completion"]) if row["prompt"] else None
+    if field in row and row[field] is not None:  # prompt
+        return HeldOut(_prompt(row["prompt"]), str(row[field]))
+    return None
+
+
+def _prompt(value):
+    return value if isinstance(value, str) else [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _content(value) -> str:
+    """A completion's text: a string, or the content of its assistant messages."""
+    if isinstance(value, str):
+        return value
+    messages = [value] if isinstance(value, dict) else value
+    return "".join(m.get("content") or "" for m in messages if m.get("role", "assistant") == "assistant")
+
+
+def _rendered(tokenizer, prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def _shown(prompt) -> str:
+    """The last user message of a conversational prompt, or the text prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+
+
+def _quiet(_message: str) -> None:
+    """``say`` for re-reading the eval data (its notes were printed when the run read it)."""
