@@ -546,3 +546,11 @@ def test_the_smoke_run_is_one_plain_process(write_recipe, tmp_path):
     _machine(edits, recipe)
     assert "distributed" not in edits.raw and "launch" not in edits.raw
     assert {sub.key for sub in edits.subs} >= {"distributed", "launch"}
+
+
+@pytest.mark.parametrize("key", ["stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save"])
+def test_a_stage_3_config_that_gathers_final_is_accepted_under_either_spelling(write_recipe, tmp_path, key):
+    # DeepSpeed's ZeRO config takes the field under its name and under the stage3_ alias
+    config = {"zero_optimization": {"stage": 3, key: True}}
+    recipe = _recipe(write_recipe, tmp_path, {"distributed": {"kind": "deepspeed", "deepspeed": {"config": config}}})
+    assert recipe.distributed.deepspeed.config == config

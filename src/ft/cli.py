@@ -356,6 +356,49 @@ def report(
         raise typer.Exit(code)
 
 
+import_app = typer.Typer(no_args_is_help=True, help="Bring another tool's training config over as an ft recipe, "
+                         "naming every key that did not come and why.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("axolotl")
+def import_axolotl(
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", show_default=False, help="An Axolotl YAML config.")],
+    out: Annotated[Path | None, typer.Option("--out", show_default=False,
+                                             help="Write the recipe here (default: stdout).")] = None,
+) -> None:
+    """Write an ft recipe from an Axolotl config: each key carried, ignored (empty or off) or named as not carried,
+    with the reason, at the end of the recipe. Exit 0: ft accepts the recipe; 1: the recipe is written but ft refuses
+    it (its reasons on stderr; fix it by hand); 2: the config cannot be read."""
+    from .importers.axolotl import ConfigError
+    from .importers.axolotl import import_axolotl as run_import
+
+    def step() -> int:
+        try:
+            result = run_import(config, out)
+        except ConfigError as exc:
+            _err(f"ft import axolotl: {exc}")
+            return EXIT_INVALID
+        if out is None:
+            print(result.text, end="")
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(result.text, encoding="utf-8")
+        counts = result.ledger.counts()
+        _err(f"ft import axolotl: {config} -> {out or 'stdout'}: {counts['carried']} keys carried, "
+             f"{counts['not carried']} not carried, {counts['ignored']} ignored (listed at the end of the recipe).")
+        for warning in result.verdict.warnings:
+            _err("warning: " + warning.render())
+        if not result.valid:
+            _err(result.verdict.message)
+            return 1
+        return 0
+
+    code = _guarded_at(step, "importing the Axolotl config", "ft-import")
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of recipes (for editors: yaml-language-server)."""

@@ -629,7 +629,10 @@ def _deepspeed_config_problems(value) -> list[Problem]:
     if config is None:
         return error(path, f"{value} does not hold a JSON object (a DeepSpeed config).")
     zero = config.get("zero_optimization") or {}
-    if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+    # DeepSpeed reads the key under either spelling (its config alias)
+    gathers = any(zero.get(key) is True for key in ("stage3_gather_16bit_weights_on_model_save",
+                                                    "gather_16bit_weights_on_model_save"))
+    if zero.get("stage") == 3 and not gathers:
         return error(path, "is ZeRO stage 3 without `zero_optimization.stage3_gather_16bit_weights_on_model_save: "
                      "true`: the weights would stay partitioned when final/ is saved, and transformers would write "
                      "a DeepSpeed checkpoint there instead of a model from_pretrained loads; add it.")

@@ -1,0 +1,138 @@
+"""``ft import axolotl CONFIG.yml``: an Axolotl config → an ft recipe, with an account of every key.
+
+The config is read as Axolotl reads it (PyYAML, YAML 1.1). Empty keys are recorded as ignored; then each handler
+(``axolotl_model``, ``axolotl_data``, ``axolotl_train``, ``axolotl_method``, ``axolotl_distributed``,
+``axolotl_other``) maps the keys it owns; Axolotl's defaults that differ from ft's are written out for keys the
+config leaves unset; every key or nested key still unaccounted for is recorded as not carried. The recipe is then
+validated with ft's own loader (``ledger.check``) and written with a header naming the source and a trailer listing
+what was not carried and why. Imports nothing heavy: no torch, transformers or datasets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
+from .axolotl_keys import EXPECTED, HANDLERS, Ctx, misfit
+from .axolotl_method import method_of
+from .ledger import CARRIED, IGNORED, NOT_CARRIED, Entry, Ledger, Verdict, check, trailer
+
+SECTIONS = ("method", "model", "adapter", "data", "optimizer", "scheduler", "dpo", "grpo", "kto", "orpo",
+            "distributed", "callbacks", "train")
+
+
+class ConfigError(Exception):
+    """The Axolotl config cannot be read as one (exit 2): missing, not YAML, not a mapping, not a training config."""
+
+
+@dataclass
+class Imported:
+    text: str  # the recipe file: header comment, YAML, trailer comment
+    ledger: Ledger
+    verdict: Verdict
+
+    @property
+    def valid(self) -> bool:
+        return not self.verdict.errors
+
+
+def read_config(path: Path) -> dict:
+    """The config as Axolotl reads it (``yaml.safe_load``), or ConfigError with one paragraph saying why not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc}).") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); check the indentation "
+                          "and quoting there.") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: an Axolotl config is a mapping of keys (base_model:, datasets:, …); this file "
+                          f"holds {type(config).__name__ if config is not None else 'nothing'}.")
+    if not _acyclic(config):
+        raise ConfigError(f"{path}: a YAML alias refers to itself (a value that contains itself); Axolotl cannot "
+                          "read it either.")
+    if "base_model" not in config and "datasets" not in config:
+        raise ConfigError(f"{path}: not an Axolotl training config: it has neither `base_model` nor `datasets` (a "
+                          "launcher's config, such as Axolotl's cloud/modal.yaml, is not a training config).")
+    return {str(key): value for key, value in config.items()}
+
+
+def _acyclic(value: Any, seen: tuple = ()) -> bool:
+    if isinstance(value, (dict, list)):
+        if any(value is other for other in seen):
+            return False
+        items = value.values() if isinstance(value, dict) else value
+        return all(_acyclic(item, (*seen, value)) for item in items)
+    return True
+
+
+def empty(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
+def map_config(config: dict) -> Ctx:
+    """The recipe draft and the ledger for an Axolotl config (no validation yet)."""
+    ctx = Ctx({key: value for key, value in config.items() if not empty(value) and not misfit(EXPECTED, key, value)})
+    for key, value in config.items():
+        if empty(value):
+            ctx.ledger.record(Entry(key, value, IGNORED, why="empty: Axolotl's default applies"))
+        elif misfit(EXPECTED, key, value):
+            ctx.ledger.record(Entry(key, value, NOT_CARRIED, why=misfit(EXPECTED, key, value)))
+    ctx.method = method_of(ctx.cfg)
+    ctx.draft.set("method", ctx.method)
+    for handler in HANDLERS:
+        if any(ctx.has(key) for key in handler.keys):
+            handler.run(ctx)
+    axolotl_train.write_defaults(ctx)
+    for key, value in ctx.cfg.items():
+        _account(ctx, key, value)
+    return ctx
+
+
+def _account(ctx: Ctx, key: str, value: Any) -> None:
+    """Record ``key`` (and whatever inside it no handler recorded) as not carried: nothing is dropped silently."""
+    ledger = ctx.ledger
+    if ledger.seen(key):
+        return
+    if not any(name.startswith(key + ".") for name in ledger.entries):
+        if value is False:
+            ledger.record(Entry(key, value, IGNORED, why="false: switches off a feature ft does not have"))
+        else:
+            ledger.record(Entry(key, value, NOT_CARRIED, why=axolotl_other.reason(key.split(".")[-1])))
+        return
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for child, inner in children:
+        _account(ctx, f"{key}.{child}", inner)
+
+
+def import_axolotl(path: Path, out: Path | None = None) -> Imported:
+    """Import the Axolotl config at ``path`` into a recipe to be written at ``out`` (None: stdout, whose relative
+    paths are read from the working directory). Raises ConfigError when the config cannot be read."""
+    ctx = map_config(read_config(path))
+    base_dir = (out.parent if out is not None else Path(".")).resolve()
+    size = len(_header(path, ctx))
+    verdict = check(ctx.draft, ctx.ledger, base_dir, str(out or "<stdout>"), SECTIONS, header_lines=size)
+    refused = [f"# ft does not accept this recipe yet: {p.render()}" for p in verdict.errors] + [
+        "# Fix it by hand (`ft validate` checks it again)."] if verdict.errors else []
+    lines = [*_header(path, ctx), verdict.text.rstrip("\n"), *([""] + refused if refused else []), *trailer(ctx.ledger)]
+    return Imported("\n".join(lines) + "\n", ctx.ledger, verdict)
+
+
+def _header(path: Path, ctx: Ctx) -> list[str]:
+    """The comment lines above the recipe (their number does not depend on validation: problems name lines)."""
+    counts = ctx.ledger.counts()
+    lines = [f"# Imported by `ft import axolotl` from the Axolotl config {path}.",
+             f"# Keys: {counts[CARRIED]} carried, {counts[NOT_CARRIED]} not carried, {counts[IGNORED]} ignored (empty "
+             "or switched off); the lists are at the end of this file."]
+    rl = ctx.ledger.entries.get("rl")
+    if rl is not None and rl.status == NOT_CARRIED:
+        lines.append(f"# WARNING: rl: {rl.value} is not carried; this recipe trains method `{ctx.method}` instead.")
+    return lines

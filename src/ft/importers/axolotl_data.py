@@ -1,0 +1,335 @@
+"""Axolotl's data keys → ft's ``data:``: the datasets (``datasets``, ``test_datasets``, ``pretraining_dataset``),
+the held-out share, sequence length, packing, loss masking, the chat template and the prepared cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .axolotl_keys import ENTRY_EXPECTED, Ctx, handles, misfit, number
+from .axolotl_types import NEAREST, Reading, reading
+
+LOADERS = ("json", "csv", "parquet", "text", "arrow")  # `path: json` + data_files: a datasets builder name
+FT_ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}  # Axolotl's default role names beyond ft's own
+
+# dataset-entry keys ft has no equivalent for, and why
+ENTRY_REASONS = {
+    "drop_system_message": "ft keeps system messages; drop them from the data, or use a chat template without them",
+    "field_thinking": "ft's chat format reads role and content; a separate reasoning field is not passed to the "
+                      "template (put the reasoning into content)",
+    "template_thinking_key": "ft's chat format reads role and content only",
+    "split_thinking": "ft does not split reasoning out of the content",
+    "field_tools": "ft's chat format reads messages only; tool definitions are not passed to the template",
+    "field_system": "ft's formats have no per-row system field",
+    "message_field_training": "ft trains every assistant turn (data.train_on), not a per-message choice",
+    "message_field_training_detail": "ft trains every assistant turn, not character spans",
+    "shards": "ft reads the whole source (`fraction:` takes a seeded random share)",
+    "shards_idx": "ft reads the whole source (`fraction:` takes a seeded random share)",
+    "preprocess_shards": "ft tokenizes a source in one pass",
+    "trust_remote_code": "ft loads datasets without running a dataset's own code",
+    "input_transform": "ft reads rows as they are",
+    "skip": "ft reads a source from its first row",
+    "logprobs_field": "ft trains on the data's text, not on given log-probabilities (distillation)",
+    "temperature": "ft trains on the data's text, not on given log-probabilities (distillation)",
+    "conversation": "a FastChat conversation template; ft renders with data.chat_template",
+}
+
+# dataset-entry keys that name a column: {format: the ft name they rename}
+FIELD_KEYS = {"field_messages": {"chat": "messages", "preference": "prompt"}, "field_chosen": {"preference": "chosen"},
+              "field_rejected": {"preference": "rejected"}, "field": {"text": "text"}, "text_column": {"text": "text"}}
+# dataset-entry keys ft follows only at Axolotl's default value: (that value, why another is not carried)
+DEFAULT_ONLY = {
+    "roles_to_train": (["assistant"], "ft trains the assistant turns; data.train_on: all trains every token, there is "
+                       "no list of roles"),
+    "train_on_eos": ("turn", "ft trains the end-of-turn token after each assistant turn; nothing else"),
+    "train_on_eot": ("turn", "ft trains the end-of-turn token after each assistant turn; nothing else"),
+}
+
+
+@handles("datasets", "test_datasets", "pretraining_dataset")
+def datasets(ctx: Ctx) -> None:
+    train: list[dict] = []
+    for key, target, family in (("datasets", "data.train", ctx.method), ("pretraining_dataset", "data.train", "sft"),
+                                ("test_datasets", "data.eval", ctx.method)):
+        sources = train if target == "data.train" else []
+        for prefix, entry in _entries(ctx, key):
+            source = _source(ctx, prefix, entry, family, f"{target}.{len(sources)}", key == "pretraining_dataset")
+            if source:
+                sources.append(source)
+        if sources:
+            ctx.draft.set(target, sources)
+
+
+def _entries(ctx: Ctx, key: str) -> list[tuple[str, Any]]:
+    """(ledger prefix, entry) for each dataset under ``key``: a list, or one dataset written as a mapping."""
+    value = ctx.get(key)
+    if isinstance(value, dict):
+        return [(key, value)]
+    return [(f"{key}.{i}", entry) for i, entry in enumerate(value or [])]
+
+
+def _source(ctx: Ctx, prefix: str, entry: Any, family: str, where: str, pretraining: bool) -> dict | None:
+    """One Axolotl dataset entry as the ft source at ``where``, each of its keys recorded under ``prefix.<key>``."""
+    if not isinstance(entry, dict) or not entry.get("path"):
+        ctx.skip(prefix, "a dataset entry needs a `path`")
+        return None
+    source: dict = {"path": _path(ctx, prefix, entry, where)}
+    kind = entry.get("type") or ("pretrain" if pretraining else None)
+    if kind is not None and misfit(ENTRY_EXPECTED, "type", kind):
+        found = Reading(NEAREST[family])
+        ctx.skip(f"{prefix}.type", f"{misfit(ENTRY_EXPECTED, 'type', kind)}. The source is kept with the nearest ft "
+                 f"format, `{found.format}`")
+    elif isinstance(kind, dict):
+        found = _user_defined(ctx, f"{prefix}.type", kind, family, where)
+    elif isinstance(kind, str):
+        found = reading(kind, family)
+        if found.missing:
+            ctx.skip(f"{prefix}.type", f"{found.missing}. The source is kept with the nearest ft format, "
+                     f"`{found.format}`: check its fields")
+        else:
+            ctx.carry(f"{prefix}.type", (f"{where}.format",), found.note)
+    else:
+        found = Reading(NEAREST[family])
+        ctx.skip(f"{prefix}.type", "no `type:`: Axolotl reads such a dataset as already tokenized (input_ids, labels); "
+                 f"ft tokenizes rows itself. The source is kept with the nearest ft format, `{found.format}`")
+    source["format"] = found.format
+    if found.fields:
+        source["fields"] = dict(found.fields)
+    for key, value in entry.items():
+        if key not in ("path", "type", "data_files", "ds_type"):
+            _entry_key(ctx, prefix, where, key, value, source, entry)
+    if source["format"] == "chat" and not entry.get("roles") and source.get("fields", {}).get("role", "role") != "role":
+        source["roles"] = dict(SHAREGPT_ROLES)  # Axolotl's default role names (ShareGPT's human/gpt)
+    if pretraining:
+        ctx.carry(f"{prefix}.path", (f"{where}.path",), "ft downloads and tokenizes the whole dataset before training "
+                  "(Axolotl streams it); pick a split slice or `fraction:` for a large corpus")
+    return source
+
+
+def _path(ctx: Ctx, prefix: str, entry: dict, where: str) -> str:
+    path, files = str(entry["path"]), entry.get("data_files")
+    if files is not None:
+        one = files if isinstance(files, str) else (files[0] if isinstance(files, list) and len(files) == 1 else None)
+        if path in LOADERS and one is not None:
+            ctx.carry(f"{prefix}.path", (f"{where}.path",))
+            ctx.carry(f"{prefix}.data_files", (f"{where}.path",), f"the file itself is the ft source path (Axolotl: "
+                      f"the `{path}` builder reading it)")
+            return str(one)
+        ctx.skip(f"{prefix}.data_files", "ft reads a whole hub dataset, or one local file (.jsonl, .json, .parquet, "
+                 ".csv, .txt): download the files and point `path` at one")
+    if "ds_type" in entry:
+        ctx.off(f"{prefix}.ds_type", "ft picks the reader from the file's suffix")
+    ctx.carry(f"{prefix}.path", (f"{where}.path",))
+    return path
+
+
+def _user_defined(ctx: Ctx, key: str, spec: dict, family: str, where: str) -> Reading:
+    """A ``type:`` mapping (Axolotl's user-defined format): its field names carry, its format strings do not."""
+    fmt = "instruction" if family == "sft" else "preference"
+    names = {"instruction": "field_instruction", "input": "field_input", "output": "field_output"} if fmt == \
+        "instruction" else {"prompt": "field_prompt", "chosen": "field_chosen", "rejected": "field_rejected"}
+    fields = {ft: spec[ax] for ft, ax in names.items() if isinstance(spec.get(ax), str) and spec[ax] != ft}
+    formats = sorted(k for k in spec if k not in names.values() and spec[k] not in (None, ""))
+    why = f"the field names carry; {', '.join(formats)} (prompt text of your own) do not: ft renders rows through " \
+          "the chat template" if formats else ""
+    ctx.carry(key, (f"{where}.format", f"{where}.fields"), why)
+    return Reading(fmt, fields)
+
+
+def _entry_key(ctx: Ctx, prefix: str, where: str, key: str, value: Any, source: dict, entry: dict) -> None:
+    full = f"{prefix}.{key}"
+    fmt, fields = source["format"], source.setdefault("fields", {})
+    if value is None or value == "" or value == [] or value == {}:
+        ctx.off(full, "empty")
+    elif misfit(ENTRY_EXPECTED, key, value):
+        ctx.skip(full, misfit(ENTRY_EXPECTED, key, value))
+    elif key in ("split", "name", "revision"):
+        source[key] = str(value)
+        ctx.carry(full, (f"{where}.{key}",))
+    elif key in FIELD_KEYS and fmt in FIELD_KEYS[key]:
+        name = FIELD_KEYS[key][fmt]
+        if str(value) != name:
+            fields[name] = str(value)
+        ctx.carry(full, (f"{where}.fields",))
+    elif key in ("message_property_mappings", "message_field_role", "message_field_content") and fmt in (
+            "chat", "preference"):
+        _message_keys(ctx, full, key, value, fields, where)
+    elif key == "roles" and fmt in ("chat", "preference"):
+        _roles(ctx, full, value, source, where)
+    elif key in ("chat_template", "chat_template_jinja"):
+        if value in ("tokenizer_default", ctx.get("chat_template"), ctx.get("chat_template_jinja")):
+            ctx.off(full, "the same as the config's own")
+        else:
+            ctx.skip(full, "ft renders every source with the one data.chat_template")
+    elif key in DEFAULT_ONLY:
+        wanted, why = DEFAULT_ONLY[key]
+        if value == wanted:
+            ctx.same(full, why.split(";")[0])
+        else:
+            ctx.skip(full, why)
+    elif key in ENTRY_REASONS:
+        if value is False:
+            ctx.off(full, "off")
+        else:
+            ctx.skip(full, ENTRY_REASONS[key])
+    elif key.startswith(("field", "message_")):
+        ctx.off(full, f"not read by `type: {entry.get('type')}`")
+    else:
+        ctx.skip(full, "no ft equivalent")
+    if not fields:
+        source.pop("fields")
+
+
+def _message_keys(ctx: Ctx, full: str, key: str, value: Any, fields: dict, where: str) -> None:
+    if key != "message_property_mappings":
+        if str(value) != key.removeprefix("message_field_"):
+            fields[key.removeprefix("message_field_")] = str(value)
+        ctx.carry(full, (f"{where}.fields",))
+        return
+    if not isinstance(value, dict):
+        ctx.skip(full, "expected a mapping such as {role: from, content: value}")
+        return
+    fields.update({name: str(column) for name, column in value.items()
+                   if name in ("role", "content") and column != name})
+    extra = sorted(name for name in value if name not in ("role", "content"))
+    ctx.carry(full, (f"{where}.fields",), f"ft's chat format reads role and content only; {', '.join(extra)} not "
+              "passed to the template" if extra else "")
+
+
+def _roles(ctx: Ctx, full: str, value: Any, source: dict, where: str) -> None:
+    """Axolotl writes {ft role: [source roles]}; ft writes {source role: ft role}."""
+    if not isinstance(value, dict):
+        ctx.skip(full, "expected a mapping {role: [names in the data]}")
+        return
+    unknown = sorted(str(target) for target in value if target not in FT_ROLES)
+    if unknown:
+        ctx.skip(full, f"ft's roles are {', '.join(FT_ROLES)}; {', '.join(unknown)} is not one of them")
+        return
+    names = {str(name): target for target, names in value.items() for name in (names or []) if name != target}
+    if names:
+        source["roles"] = names
+    ctx.carry(full, (f"{where}.roles",))
+
+
+@handles("val_set_size")
+def val_set_size(ctx: Ctx) -> None:
+    share = number(ctx.get("val_set_size"))
+    if ctx.has("test_datasets"):
+        ctx.off("val_set_size", "test_datasets gives the evaluation data")
+    elif not isinstance(share, (int, float)) or isinstance(share, bool) or share < 0:
+        ctx.skip("val_set_size", "expected a share of the training rows, e.g. 0.05")
+    elif share == 0:
+        ctx.same("val_set_size", "no evaluation data")
+    elif share < 1:
+        ctx.put("val_set_size", "data.eval", {"split_ratio": share})
+    else:
+        ctx.skip("val_set_size", "ft holds out a share of the training rows (data.eval.split_ratio, below 1), not a "
+                 "number of rows; write the share")
+
+
+def has_eval(ctx: Ctx) -> bool:
+    """Whether the config evaluates on data: a held-out share, or test datasets."""
+    share = number(ctx.get("val_set_size", 0))
+    return bool(ctx.get("test_datasets")) or (isinstance(share, (int, float)) and 0 < share < 1)
+
+
+@handles("sequence_len", "excess_length_strategy")
+def sequence_len(ctx: Ctx) -> None:
+    if ctx.has("sequence_len"):
+        ctx.put("sequence_len", "data.max_length", number(ctx.get("sequence_len")))
+    strategy = ctx.get("excess_length_strategy")
+    if strategy in ("drop", "truncate"):
+        ctx.put("excess_length_strategy", "data.truncation", strategy)
+    elif strategy is not None:
+        ctx.skip("excess_length_strategy", "ft cuts longer rows (truncate) or drops them (drop), counting both; it "
+                 "has no `raise`")
+
+
+@handles("sample_packing", "eval_sample_packing", "pad_to_sequence_len")
+def packing(ctx: Ctx) -> None:
+    packing_on = ctx.get("sample_packing") is True
+    if ctx.has("sample_packing"):
+        if not packing_on:
+            ctx.same("sample_packing", "data.packing: false")
+        elif ctx.method == "sft":
+            ctx.put("sample_packing", "data.packing", True, "TRL's packing (bin-fitting whole rows, each attending "
+                    "to itself), not Axolotl's multipack sampler")
+        else:
+            ctx.skip("sample_packing", f"ft packs SFT rows only; method `{ctx.method}` trains unpacked")
+    if ctx.has("eval_sample_packing"):
+        value = ctx.get("eval_sample_packing") is True
+        if packing_on and ctx.method == "sft":
+            ctx.train("eval_sample_packing", "eval_packing", value)
+        else:
+            ctx.off("eval_sample_packing", "no packing in this recipe")
+    if ctx.has("pad_to_sequence_len"):
+        (ctx.skip if ctx.get("pad_to_sequence_len") is True else ctx.off)(
+            "pad_to_sequence_len", "ft pads each batch to its longest row (packed rows fill max_length)"
+            if ctx.get("pad_to_sequence_len") is True else "off")
+
+
+@handles("train_on_inputs")
+def train_on_inputs(ctx: Ctx) -> None:
+    if ctx.get("train_on_inputs") is not True:
+        ctx.same("train_on_inputs", "data.train_on: assistant")
+    elif ctx.method == "sft":
+        ctx.put("train_on_inputs", "data.train_on", "all")
+    else:
+        ctx.skip("train_on_inputs", f"TRL's `{ctx.method}` trainer puts the loss on completions only")
+
+
+@handles("dataset_prepared_path", "dataset_processes", "dataset_num_proc", "shuffle_merged_datasets")
+def preparation(ctx: Ctx) -> None:
+    if ctx.has("dataset_prepared_path"):
+        ctx.put("dataset_prepared_path", "data.prepared_path", str(ctx.get("dataset_prepared_path")),
+                "ft's own tokenized cache (`ft preprocess` writes it, `ft train` reuses it), not Axolotl's")
+    for key in ("dataset_num_proc", "dataset_processes"):
+        if ctx.has(key):
+            if key == "dataset_processes" and ctx.has("dataset_num_proc"):
+                ctx.off(key, "dataset_num_proc decides")
+            else:
+                ctx.put(key, "data.num_proc", number(ctx.get(key)))
+    if ctx.has("shuffle_merged_datasets"):
+        if ctx.get("shuffle_merged_datasets") is False:
+            ctx.skip("shuffle_merged_datasets", "ft's trainer shuffles the training rows; to keep their order set "
+                     "`train.train_sampling_strategy: sequential`")
+        else:
+            ctx.same("shuffle_merged_datasets", "the trainer shuffles the rows")
+
+
+@handles("chat_template", "chat_template_jinja")
+def chat_template(ctx: Ctx) -> None:
+    name, jinja = ctx.get("chat_template"), ctx.get("chat_template_jinja")
+    if jinja is not None:
+        text = _jinja(str(jinja))
+        if text is None:
+            ctx.skip("chat_template_jinja", "not a Jinja template, nor a file holding one")
+        else:
+            ctx.put("chat_template_jinja", "data.chat_template", text)
+        if name is not None:
+            ctx.off("chat_template", "chat_template_jinja decides")
+        return
+    if name is None:
+        return
+    name = str(name)
+    if name in ("chatml", "llama3"):
+        ctx.put("chat_template", "data.chat_template", name)
+    elif name == "tokenizer_default" or name.startswith("tokenizer_default_fallback_"):
+        ctx.same("chat_template", "the tokenizer's own template" + ("" if name == "tokenizer_default" else
+                 "; without one, set data.chat_template (Axolotl falls back to " + name.rsplit("_", 1)[-1] + ")"))
+    else:
+        ctx.skip("chat_template", f"ft builds in chatml and llama3 only; the recipe uses the tokenizer's own "
+                 f"template (ft's default: for this model family's instruct models usually `{name}` itself), or "
+                 "paste the Jinja text into data.chat_template")
+
+
+def _jinja(value: str) -> str | None:
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    except OSError:
+        return None
+    return text if "{{" in text or "{%" in text else None
