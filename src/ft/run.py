@@ -216,8 +216,9 @@ def _extra(recipe: Recipe, prepared: data.PreparedData, trainer, train_seconds: 
     counts. Its ``tokens_per_second`` is ``tokens / train_seconds`` (``samples_per_second`` likewise), over the same
     clock as ``train_seconds`` (the log lines' running figure counts from the first training batch instead)."""
     stats = trainer.ft_stats()
-    stats["tokens_per_second"] = round(stats["tokens"] / train_seconds, 1) if train_seconds else None
-    stats["samples_per_second"] = round(stats["samples"] / train_seconds, 3) if train_seconds else None
+    seconds = round(train_seconds, 3)  # as summary.json records it, so that the ratios hold on the written figures
+    stats["tokens_per_second"] = round(stats["tokens"] / seconds, 1) if seconds else None
+    stats["samples_per_second"] = round(stats["samples"] / seconds, 3) if seconds else None
     epoch = trainer.state.epoch
     extra = {"epochs": round(epoch, 4) if epoch is not None else None, "data": prepared.stats,
              "world_size": trainer.args.world_size, **stats,
