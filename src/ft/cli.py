@@ -411,7 +411,10 @@ def main() -> None:
     from .ranks import exit_without_finalizing, world_size
 
     if world_size() == 1:
-        app(prog_name="ft")
+        try:
+            app(prog_name="ft")
+        finally:
+            _skip_the_final_collections()
         return
     try:  # one process of several: see exit_without_finalizing for why it does not end the usual way
         app(prog_name="ft")
@@ -419,6 +422,17 @@ def main() -> None:
     except SystemExit as done:
         code = _exit_code(done)
     exit_without_finalizing(code)
+
+
+def _skip_the_final_collections() -> None:
+    """Exempt the objects alive now from the garbage collections the interpreter runs as it shuts down
+    (``gc.freeze``). After ``ft train`` they walk every object torch, transformers and TRL created and free nothing
+    anyone still needs: 1.5 s of the exit on a CPU (benchmarks/side_by_side.py), where a hand-written loop takes
+    1.2 s in all. Nothing else changes: what ft writes is closed by now, and atexit handlers (trackers' last uploads,
+    logging's flush) still run."""
+    import gc
+
+    gc.freeze()
 
 
 def _exit_code(done: SystemExit) -> int:
