@@ -92,22 +92,33 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
 
     @torch.no_grad()
     def _record_token_metrics(self, logits, inputs) -> None:
+        """Entropy and token accuracy of this batch, and the tokens fed so far, kept as device tensors: no host sync
+        per step. ``log`` turns them into numbers once per log line (the same means TRL logs)."""
         mode = "train" if self.model.training else "eval"
         logits, targets = logits[:, :-1], inputs["labels"][:, 1:]
         mask = targets != IGNORE_INDEX
         gather = self.accelerator.gather_for_metrics
-        num_valid = gather(mask.sum()).sum()
-        entropy_sum = gather(_entropy_sum(logits, mask)).sum()
-        num_correct = gather(((logits.argmax(-1) == targets) & mask).sum()).sum()
-        valid = num_valid.item()
-        self._metrics[mode]["entropy"].append(entropy_sum.item() / valid if valid else 0.0)
-        self._metrics[mode]["mean_token_accuracy"].append(num_correct.item() / valid if valid else 0.0)
+        valid = gather(mask.sum()).sum().clamp(min=1)  # no target at all: both sums are 0, and so the metrics
+        self._metrics[mode]["entropy"].append(gather(_entropy_sum(logits, mask)).sum() / valid)
+        self._metrics[mode]["mean_token_accuracy"].append(
+            gather(((logits.argmax(-1) == targets) & mask).sum()).sum() / valid)
         if mode == "train":  # padding-free (packed) batches carry position_ids instead of an attention mask
             attention = inputs.get("attention_mask")
             positions = inputs.get("position_ids")
             fed = attention.sum() if attention is not None else torch.tensor(positions.size(1), device=positions.device)
-            self._total_train_tokens += int(gather(fed).sum()) // self._tp_size
+            self._total_train_tokens = self._total_train_tokens + gather(fed).sum() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        """The metrics ``_record_token_metrics`` kept on the device become numbers here: one sync per log line."""
+        for values in self._metrics["train" if self.model.training else "eval"].values():
+            kept = [i for i, value in enumerate(values) if isinstance(value, torch.Tensor)]
+            if kept:
+                for i, number in zip(kept, torch.stack([values[i].float() for i in kept]).tolist(), strict=True):
+                    values[i] = number
+        if isinstance(self._total_train_tokens, torch.Tensor):
+            self._total_train_tokens = int(self._total_train_tokens)
+        super().log(logs, *args, **kwargs)
 
 
 def _entropy_sum(logits, mask, elements: int = 2**25):
