@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import ASSETS, DATA, ROOT, run_ft
+from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
 
 from ft.exact_match import HeldOut, exact_match, held_out_rows, report_line
 from ft.recipe import RecipeError, load_recipe
@@ -98,6 +98,19 @@ def test_exact_match_without_held_out_rows_is_a_recipe_error():
         load_recipe(ROOT / "recipes/quickstart-grpo.yaml", ["data.eval_exact_match={n: 10}"])
 
 
+def test_held_out_rows_without_answers_fail_before_training(write_recipe, tmp_path):
+    # read before the first step: a source the metric cannot score must not cost a whole training run
+    prompts = tmp_path / "no-answers.jsonl"
+    prompts.write_text('{"prompt": "What is 1 + 2?"}\n{"prompt": "What is 3 + 4?"}\n')
+    recipe = tiny_sft(tmp_path / "out", max_steps=10_000)
+    recipe["data"]["eval_exact_match"] = {"source": {"path": str(prompts), "format": "prompt"}}
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "data.eval_exact_match: no row of data.eval_exact_match.source has both a prompt and an expected " \
+           "answer" in result.stderr
+    assert "step " not in result.stderr and not list((tmp_path / "out").glob("checkpoint-*"))
+
+
 # --- headline figures --------------------------------------------------------------------------------------------
 
 
@@ -131,6 +144,8 @@ def test_the_quickstart_model_learns_the_sums(sft_model):
     assert result["n"] == 200 and result["exact_match"] > SFT_AT_LEAST, result
     figures = summary["headline"]
     assert figures["source"] == "eval" and figures["token_accuracy"]["last"] > 0.6, figures
+    # eval_strategy 'no': the final evaluation ran after training, timed as its own phase
+    assert summary["phase_seconds"]["evaluate"] > 0 and "eval_loss" in summary["final_eval"]
 
 
 def test_grpo_from_the_quickstart_model_answers_more_of_them(sft_model, tmp_path):

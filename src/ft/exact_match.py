@@ -107,28 +107,20 @@ def report_line(result: dict) -> str:
     return f"ft: exact match on {result['n']} held-out prompts: {result['exact_match']:.2f}{shown}"
 
 
-def after_training(recipe, trainer, say: Callable[[str], None] = print) -> dict | None:
-    """``data.eval_exact_match`` of the model ``trainer`` just trained, on this (the main) process alone: printed,
-    and returned for summary.json. None when the recipe does not ask, or when the model is sharded over several
-    processes (FSDP, DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
+def after_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
+    """``data.eval_exact_match`` of the model ``trainer`` just trained, on ``rows`` (``held_out_rows``, read before
+    training so that a bad source fails first), on this (the main) process alone: printed, and returned for
+    summary.json. None when the recipe does not ask, or when the model is sharded over several processes (FSDP,
+    DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
     settings = recipe.data.eval_exact_match
-    if settings is None:
+    if settings is None or rows is None:
         return None
     if trainer.args.world_size > 1 and recipe.distributed.kind != "ddp":
         say(f"ft: exact match skipped: the model is sharded over {trainer.args.world_size} processes "
             f"({recipe.distributed.kind}); score final/ with `ft generate` instead")
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return compute(recipe, model, trainer.processing_class, say)
-
-
-def compute(recipe, model, tokenizer, say: Callable[[str], None] = print) -> dict | None:
-    """``data.eval_exact_match`` for ``model``: printed, and returned (None when the recipe does not ask)."""
-    settings = recipe.data.eval_exact_match
-    if settings is None:
-        return None
-    rows = held_out_rows(recipe, settings.n)
-    result = exact_match(model, tokenizer, rows, max_new_tokens=settings.max_new_tokens,
+    result = exact_match(model, trainer.processing_class, rows, max_new_tokens=settings.max_new_tokens,
                          batch_size=settings.batch_size)
     say(report_line(result))
     return result

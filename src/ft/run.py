@@ -82,6 +82,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
+    settings = recipe.data.eval_exact_match  # its rows read now: a source without answers fails before training
+    held_out = exact_match.held_out_rows(recipe, settings.n) if main and settings is not None else None
     together = ranks.world_size() > 1 and trainer.args.enable_jit_checkpoint
     started = time.perf_counter()
     try:
@@ -119,8 +121,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
             trainer.save_model(str(output_dir / "final"))
         summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
-        if main and recipe.data.eval_exact_match is not None:  # greedy answers to held-out prompts, this process alone
-            summary["exact_match"] = exact_match.after_training(recipe, trainer, say)
+        if held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
+            summary["exact_match"] = exact_match.after_training(recipe, trainer, held_out, say)
         _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
         say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
         return RunResult("completed", output_dir, summary)
