@@ -219,6 +219,9 @@ def _unreachable(base: Base, arg: str, why: str) -> str:
 
 def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[[str], None]):
     """(base + adapter through PEFT, not merged, as training evaluated it; the adapter's tokenizer)."""
+    from .bnb_import import import_bitsandbytes
+
+    import_bitsandbytes(uses_it=False)  # the base loads unquantized (load_base): no bitsandbytes code runs
     from peft import PeftModel
 
     base = find_base(found, arg)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import adapters, checkpoints, data, exact_match, hardware, hub, models, ranks, report, signals
+from . import adapters, bnb_import, checkpoints, data, exact_match, hardware, hub, models, ranks, report, signals
 from .drift import check_drift
 from .plugins import PluginError
 from .recipe import LoadedRecipe, Problem, Recipe
@@ -138,6 +138,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains; the seconds each part
     took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
     clock = time.perf_counter()
+    bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
     tokenizer = models.load_tokenizer(recipe.model, say)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
