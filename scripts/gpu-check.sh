@@ -59,7 +59,7 @@ if [ -z "$PY" ]; then
 fi
 
 # 2. ft's dependencies in that environment
-CORE=(transformers trl peft accelerate datasets pydantic yaml typer rich matplotlib)
+CORE=(transformers trl peft accelerate datasets pydantic yaml typer rich PIL)
 OPTIONAL=(bitsandbytes galore_torch lomo_optim schedulefree apollo_torch grokadamw optimi liger_kernel)
 missing() {  # the modules of "$@" that do not import, one line
   "$PY" -c '

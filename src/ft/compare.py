@@ -296,12 +296,14 @@ def _table(rows: list[tuple[str, list[str]]]) -> str:
 
 def write_overlay_plots(runs: list[Run], folder: Path) -> list[Path]:
     """``folder/<name>.png`` for each of ``OVERLAYS`` any run logged: one line per run, labelled as its column."""
+    from .charts import line_chart
+
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (key, label) in OVERLAYS.items():
         lines = [(run.label, report.log_points(run.log_history, key)) for run in runs]
         if any(points for _, points in lines):
             path = folder / f"{name}.png"
-            report.draw_figure(path, lines, label)
+            line_chart(path, lines, label)
             written.append(path)
     return written

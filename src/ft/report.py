@@ -165,38 +165,17 @@ def write_plots(output_dir: Path, log_history: list[dict]) -> list[str]:
     figures = plot_series(log_history)
     if not figures:
         return []
+    from .charts import line_chart  # Pillow: only when there is something to draw
+
     folder = output_dir / "plots"
     folder.mkdir(exist_ok=True)
     written = []
     for name, lines in figures.items():
         keys, label = PLOTS.get(name, ((name,), f"{name[len('eval_'):]} (eval)"))
-        draw_figure(folder / f"{name}.png", [(LEGEND.get(key, key), points) for key, points in lines.items()], label,
-                    legend=len(keys) > 1)
+        line_chart(folder / f"{name}.png", [(LEGEND.get(key, key), points) for key, points in lines.items()], label,
+                   legend=len(keys) > 1)
         written.append(f"plots/{name}.png")
     return written
-
-
-def draw_figure(path: Path, lines: list[tuple[str, list[tuple[int, float]]]], ylabel: str, *,
-                legend: bool = True) -> None:
-    """One PNG at ``path``: each ``(label, points)`` of ``lines`` a line against the optimizer step."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display, whatever the user's backend setting
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 3.5), dpi=100)
-    for label, points in lines:
-        if points:
-            steps, values = zip(*points, strict=True)
-            axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
-    axes.set_xlabel("step")
-    axes.set_ylabel(ylabel)
-    axes.grid(alpha=0.3)
-    if legend:
-        axes.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
 
 
 def _finite(value) -> bool:
