@@ -66,11 +66,18 @@ def test_evaluation_with_logits_takes_one_forward(trainer):
     assert logits.shape[:2] == labels.shape and torch.isfinite(loss)
 
 
-def test_entropy_is_summed_in_chunks_without_changing_it():
-    from ft.trainers.sft import _entropy_sum
+def test_metrics_score_only_targeted_positions_in_chunks_without_changing_them():
+    from ft.trainers.sft import _scored_sums
 
-    logits, mask = torch.randn(3, 7, 11), torch.rand(3, 7) > 0.3
+    logits, targets, mask = torch.randn(3, 7, 11), torch.randint(0, 11, (3, 7)), torch.rand(3, 7) > 0.3
     log_probs = torch.log_softmax(logits, dim=-1)
-    direct = (-(log_probs.exp() * log_probs).sum(-1) * mask).sum()
-    assert torch.allclose(_entropy_sum(logits, mask), direct)
-    assert torch.allclose(_entropy_sum(logits, mask, elements=4 * 11), direct)  # 4 positions per chunk, 6 chunks
+    entropy = (-(log_probs.exp() * log_probs).sum(-1))[mask].sum()
+    correct = (logits.argmax(-1) == targets)[mask].sum()
+    assert 0 < correct < mask.sum()  # the accuracy sum is neither trivially all nor nothing
+    poisoned = logits.clone()
+    poisoned[~mask] = float("nan")  # picked rows (the CPU way): a position without a target never reaches the sums
+    for scored, pick in ((poisoned, True), (logits, False)):  # False: the accelerator way, the mask multiplied in
+        for elements in (2**25, 4 * 11):  # one chunk; 4 positions per chunk, 6 chunks
+            got_entropy, got_correct = _scored_sums(scored, targets, mask, elements=elements, pick=pick)
+            assert torch.allclose(got_entropy, entropy)
+            assert int(got_correct) == int(correct)

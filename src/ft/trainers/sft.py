@@ -95,13 +95,13 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         """Entropy and token accuracy of this batch, and the tokens fed so far, kept as device tensors: no host sync
         per step. ``log`` turns them into numbers once per log line (the same means TRL logs)."""
         mode = "train" if self.model.training else "eval"
-        logits, targets = logits[:, :-1], inputs["labels"][:, 1:]
+        targets = inputs["labels"][:, 1:]
         mask = targets != IGNORE_INDEX
+        entropy, correct = _scored_sums(logits[:, :-1], targets, mask)
         gather = self.accelerator.gather_for_metrics
         valid = gather(mask.sum()).sum().clamp(min=1)  # no target at all: both sums are 0, and so the metrics
-        self._metrics[mode]["entropy"].append(gather(_entropy_sum(logits, mask)).sum() / valid)
-        self._metrics[mode]["mean_token_accuracy"].append(
-            gather(((logits.argmax(-1) == targets) & mask).sum()).sum() / valid)
+        self._metrics[mode]["entropy"].append(gather(entropy).sum() / valid)
+        self._metrics[mode]["mean_token_accuracy"].append(gather(correct).sum() / valid)
         if mode == "train":  # padding-free (packed) batches carry position_ids instead of an attention mask
             attention = inputs.get("attention_mask")
             positions = inputs.get("position_ids")
@@ -121,14 +121,25 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         super().log(logs, *args, **kwargs)
 
 
-def _entropy_sum(logits, mask, elements: int = 2**25):
-    """Summed entropy of the predictions at the masked positions, in float32 chunks of about ``elements``
-    values (128 MB): a large vocabulary times a long batch would not fit as one float32 copy."""
-    flat, keep = logits.reshape(-1, logits.size(-1)), mask.reshape(-1)
-    rows = max(1, elements // flat.size(-1))
-    total = torch.zeros((), device=logits.device)
-    for start in range(0, flat.size(0), rows):
-        log_probs = torch.log_softmax(flat[start:start + rows].float(), dim=-1)
-        total += (-(log_probs.exp() * log_probs).sum(-1) * keep[start:start + rows]).sum()
-    return total
+def _scored_sums(logits, targets, mask, elements: int = 2**25, pick: bool | None = None):
+    """(summed entropy, count of correct top-1 predictions) over the positions that have a target (``mask``).
 
+    On a CPU only those rows are scored, so prompt and padding positions (often most of an SFT batch) cost
+    nothing; on an accelerator every row is scored and the mask multiplied in, because picking rows by a mask
+    would wait for the device once per chunk (``pick`` overrides the choice). Rows go in float32 chunks of
+    about ``elements`` values (128 MB), so a large vocabulary times a long batch never needs one float32 copy
+    of all the logits."""
+    flat, keep, wanted = logits.reshape(-1, logits.size(-1)), mask.reshape(-1), targets.reshape(-1)
+    pick = logits.device.type == "cpu" if pick is None else pick
+    rows = max(1, elements // flat.size(-1))
+    entropy = torch.zeros((), device=logits.device)
+    correct = torch.zeros((), device=logits.device, dtype=torch.long)
+    for start in range(0, flat.size(0), rows):
+        block, chosen, answers = flat[start:start + rows], keep[start:start + rows], wanted[start:start + rows]
+        if pick:
+            block, answers = block[chosen], answers[chosen]
+        log_probs = torch.log_softmax(block.float(), dim=-1)
+        per_row, hits = -(log_probs.exp() * log_probs).sum(-1), block.argmax(-1) == answers
+        entropy += per_row.sum() if pick else (per_row * chosen).sum()
+        correct += hits.sum() if pick else (hits & chosen).sum()
+    return entropy, correct
