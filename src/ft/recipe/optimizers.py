@@ -55,11 +55,13 @@ class Package:
 PACKAGES: dict[str, Package] = {
     "bitsandbytes": Package("bitsandbytes", "ft"),
     "galore-torch": Package("galore_torch", "ft"),
-    "lomo-optim": Package("lomo_optim", "ft"),
     "schedulefree": Package("schedulefree", "ft"),
     "apollo-torch": Package("apollo_torch", "ft[optim]"),
     "grokadamw": Package("grokadamw", "ft[optim]"),
     "torch-optimi": Package("optimi", "ft[optim]"),
+    # an extra, not a dependency: while it is importable, accelerate's AcceleratedOptimizer.step looks it up twice
+    # per step, whatever the optimizer (two importlib.metadata reads, ~1 ms a step on a CPU)
+    "lomo-optim": Package("lomo_optim", "ft[optim]"),
     # installed, transformers imports torchao on every model load (~2 s and log noise on CPU): not in ft[optim]
     "torchao": Package("torchao", "pip", "PyTorch's low-bit optimizers, compiled with torch.compile"),
     "torch-xla": Package("torch_xla", "", "the PyTorch/XLA runtime for Google TPUs"),
