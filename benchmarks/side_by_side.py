@@ -5,12 +5,14 @@ random weights so that every command loads the same ones; the shipped arithmetic
 equivalent programs (a hand loop script, a TRL config, an ft recipe: batch 8, max_length 128, float32, AdamW, a
 linear schedule, a log line every 10 steps, no evaluation, no checkpoints, no tracker), and times each whole command
 at two step counts. Runs are interleaved (for each repeat and each step count, the three commands in a rotating
-order), so a slow patch of the machine hits all three alike. Per command, a least-squares line through its
-(steps, seconds) points gives the cost per step (the slope) and the start-up (the intercept: imports, model and
-data loading, trainer construction, and the exit). The step counts are far enough apart that ±1 s of noise in one
-run moves the slope by under 2%.
+order), so a slow patch of the machine hits all three alike. Per command, the line through its median time at
+each step count gives the cost per step (the slope) and the start-up (the intercept: imports, model and data
+loading, trainer construction, and the exit); medians, because this machine's speed drifts by 5-15% over minutes
+and one slow patch would otherwise move a mean. The step counts are far enough apart (560 steps, ~53 s) that ±1 s
+of noise in one run moves the slope by under 2%. The per-repeat ratios of ft's slope to the hand loop's are
+printed too, to show how far one repeat is from the next.
 
-    python benchmarks/side_by_side.py                 # about 16 minutes on 2 idle cores
+    python benchmarks/side_by_side.py                 # about 17 minutes on 2 idle cores
     python benchmarks/side_by_side.py --repeats 1 --steps 40 440   # a quicker, noisier look
 
 Prints the table and the ratios, and whether the targets of issue 15 hold (ft s/step <= 1.03x the hand loop's;
@@ -159,19 +161,28 @@ def timed(argv: list[str], env: dict, log: Path) -> tuple[float, float]:
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of seconds against steps."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
-             / sum((x - mean_x) ** 2 for x, _ in points))
-    return slope, mean_y - slope * mean_x
+    """(slope, intercept) of the line through the median seconds at each of the two step counts."""
+    few, many = sorted({x for x, _ in points})
+    low, high = (statistics.median(y for x, y in points if x == steps) for steps in (few, many))
+    slope = (high - low) / (many - few)
+    return slope, low - slope * few
+
+
+def repeat_ratios(points: dict[str, list[tuple[int, float]]], steps: tuple[int, int]) -> list[float]:
+    """ft's slope over the hand loop's, one per repeat (its runs at both step counts against theirs)."""
+    def slopes(name: str) -> list[float]:
+        few = [y for x, y in points[name] if x == steps[0]]
+        many = [y for x, y in points[name] if x == steps[1]]
+        return [(b - a) / (steps[1] - steps[0]) for a, b in zip(few, many, strict=True)]
+
+    return [mine / theirs for mine, theirs in zip(slopes("ft"), slopes("hand"), strict=True)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, nargs=2, default=(40, 1040), metavar=("FEW", "MANY"),
+    parser.add_argument("--steps", type=int, nargs=2, default=(40, 600), metavar=("FEW", "MANY"),
                         help="the two step counts each command runs at")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each command at each step count")
+    parser.add_argument("--repeats", type=int, default=4, help="runs of each command at each step count")
     parser.add_argument("--only", nargs="+", choices=("hand", "trl", "ft"), default=("hand", "trl", "ft"))
     opts = parser.parse_args()
     names = list(opts.only)
@@ -183,7 +194,8 @@ def main() -> int:
         print(f"model: {ws['params'] / 1e6:.2f}M parameters, float32; batch {BATCH}, max_length {MAX_LEN}, AdamW, "
               f"linear schedule, log every {LOGGING_STEPS} steps; steps {opts.steps[0]} and {opts.steps[1]}, "
               f"{opts.repeats} repeat(s), interleaved; torch {_version('torch')}, transformers "
-              f"{_version('transformers')}, trl {_version('trl')}", flush=True)
+              f"{_version('transformers')}, trl {_version('trl')}; lomo-optim {_version('lomo-optim')} (while "
+              "installed, accelerate looks it up at every optimizer step of ft and TRL: ~1 ms)", flush=True)
         for name in names:  # untimed: fills the OS file cache and the datasets cache as a user's second run finds it
             timed(commands(ws, 2)[name], env, Path(tmp) / f"warm-{name}.log")
         turn = 0
@@ -209,7 +221,8 @@ def main() -> int:
         checks = [("ft s/step <= 1.03x hand", ft[0] / hand[0], 1.03),
                   ("ft start-up <= 0.45x trl", ft[1] / trl[1], 0.45),
                   ("ft start-up <= 1.4x hand", ft[1] / hand[1], 1.4)]
-        print()
+        print("\nft s/step / hand s/step, repeat by repeat: "
+              + " ".join(f"{r:.3f}" for r in repeat_ratios(points, tuple(opts.steps))))
         for text, value, limit in checks:
             print(f"{text}: {value:.2f} {'met' if value <= limit else 'NOT met'}")
     return 0

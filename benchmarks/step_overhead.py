@@ -145,7 +145,7 @@ def run_ft(ws: dict, warmup: int, steps: int, extra_sets=(), paired: bool = True
     sets = [f"train.output_dir={ws['tmp'] / 'ft'}", f"train.max_steps={warmup + steps}", *extra_sets]
     clock = StepClock(HandLoop(ws) if paired else None)
     ft.run.train(load_recipe(ws["recipe"], sets), resume="never", say=lambda line: print(line, file=sys.stderr),
-                 callbacks=[clock, KeepLoader(ws)])
+                 callbacks=[clock, KeepLoader(ws)], overwrite=True)  # each round reuses the output directory
     return clock.measure(warmup, "ft")
 
 
