@@ -69,15 +69,21 @@ def test_evaluation_with_logits_takes_one_forward(trainer):
 def test_metrics_score_only_targeted_positions_in_chunks_without_changing_them():
     from ft.trainers.sft import _scored_sums
 
-    logits, targets, mask = torch.randn(3, 7, 11), torch.randint(0, 11, (3, 7)), torch.rand(3, 7) > 0.3
+    logits, targets = torch.randn(3, 7, 11), torch.randint(0, 11, (3, 7))
+    position = torch.arange(21).reshape(3, 7)
+    sparse = position % 3 == 0  # a prompt-heavy batch: a third of the positions have a target, 1-2 in every 4
+    dense = ~sparse  # mostly targeted: every row is scored, the mask multiplied in
     log_probs = torch.log_softmax(logits, dim=-1)
-    entropy = (-(log_probs.exp() * log_probs).sum(-1))[mask].sum()
-    correct = (logits.argmax(-1) == targets)[mask].sum()
-    assert 0 < correct < mask.sum()  # the accuracy sum is neither trivially all nor nothing
-    poisoned = logits.clone()
-    poisoned[~mask] = float("nan")  # picked rows (the CPU way): a position without a target never reaches the sums
-    for scored, pick in ((poisoned, True), (logits, False)):  # False: the accelerator way, the mask multiplied in
-        for elements in (2**25, 4 * 11):  # one chunk; 4 positions per chunk, 6 chunks
-            got_entropy, got_correct = _scored_sums(scored, targets, mask, elements=elements, pick=pick)
-            assert torch.allclose(got_entropy, entropy)
-            assert int(got_correct) == int(correct)
+    for mask in (sparse, dense):
+        entropy = (-(log_probs.exp() * log_probs).sum(-1))[mask].sum()
+        correct = (logits.argmax(-1) == targets)[mask].sum()
+        poisoned = logits.clone()
+        poisoned[~mask] = float("nan")  # a position without a target must not reach picked sums
+        cases = [(logits, False), (logits, True)]  # the accelerator way (mask multiplied in); the CPU way
+        if mask is sparse:
+            cases.append((poisoned, True))  # at most half targeted: the CPU way picks the rows out
+        for scored, pick in cases:
+            for elements in (2**25, 4 * 11):  # one chunk; 4 positions per chunk, 6 chunks
+                got_entropy, got_correct = _scored_sums(scored, targets, mask, elements=elements, pick=pick)
+                assert torch.allclose(got_entropy, entropy)
+                assert int(got_correct) == int(correct)

@@ -29,7 +29,7 @@ from .recipe.optimizers import traits
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ENTROPY_CHUNK = 2**25  # float32 values per chunk of ft's CPU entropy metric (ft.trainers.sft._entropy_sum)
+ENTROPY_CHUNK = 2**25  # float32 values per chunk of ft's CPU entropy metric (ft.trainers.sft._scored_sums)
 TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 BNB_MIN_8BIT = 4096  # bitsandbytes and torchao keep tensors smaller than this in 32-bit state
 SEQUENCES_PER_ROW = {"dpo": 2, "orpo": 2}  # chosen and rejected go through the model together
