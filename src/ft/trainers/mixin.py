@@ -5,7 +5,6 @@
 - Peak memory (CUDA allocator peak on GPU, the process's peak RSS on CPU) in the same places.
 - The recipe's optimizer and scheduler beyond transformers' names: a class of the user's, per-module parameter
   groups, a scheduler class (``ft.trainers.optimization``).
-
 - The FLOPs estimate Trainer adds up every step (``total_flos``), with the model's parameters counted once.
 
 It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``,
