@@ -185,6 +185,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=4, help="runs of each command at each step count")
     parser.add_argument("--only", nargs="+", choices=("hand", "trl", "ft"), default=("hand", "trl", "ft"))
     opts = parser.parse_args()
+    if not 0 < opts.steps[0] < opts.steps[1] or opts.repeats < 1:
+        parser.error("--steps takes two step counts, the first smaller (e.g. 40 600); --repeats at least 1")
     names = list(opts.only)
     points: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="ft-side-by-side-") as tmp:
