@@ -192,12 +192,12 @@ def _probe_class():
 
 
 def child(recipe_path: str) -> int:
-    import ft.run
+    import ft.run.train
     from ft.recipe import load_recipe
 
     probe = _probe_class()
     with contextlib.redirect_stdout(sys.stderr):
-        ft.run.train(load_recipe(recipe_path), resume="never", say=lambda line: print(line, file=sys.stderr),
+        ft.run.train.train(load_recipe(recipe_path), resume="never", say=lambda line: print(line, file=sys.stderr),
                      callbacks=[probe])
     print(MARK + json.dumps(probe.result), flush=True)
     return 0

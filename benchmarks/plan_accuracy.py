@@ -91,7 +91,7 @@ def child(recipe_path: str) -> int:
     import transformers.models.llama.modeling_llama  # noqa: F401
     import trl  # noqa: F401
 
-    import ft.run
+    import ft.run.train
     import ft.trainers.sft  # noqa: F401
     from ft.recipe import load_recipe
 
@@ -101,7 +101,7 @@ def child(recipe_path: str) -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS mark to the current RSS (Linux >= 4.0)
     with contextlib.redirect_stdout(sys.stderr):
-        result = ft.run.train(load_recipe(recipe_path), resume="never", overwrite=True,
+        result = ft.run.train.train(load_recipe(recipe_path), resume="never", overwrite=True,
                               say=lambda line: print(line, file=sys.stderr))
     measured = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM") - baseline
     print(MARK + json.dumps({"measured": measured, "steps": result.summary.get("steps"), "cuda": cuda}), flush=True)

@@ -60,12 +60,13 @@ def recipe_file(tmp: Path, data_path: Path, **train) -> Path:
 
 
 def throughput(tmp: Path, rows: int) -> None:
-    from ft import data, models
+    from ft import data
+    from ft.model import loading
     from ft.recipe import load_recipe
 
     texts = write_text_rows(tmp / "text.jsonl", long_tailed_lengths(rows))
     recipe = load_recipe(recipe_file(tmp, tmp / "text.jsonl")).recipe
-    tokenizer = models.load_tokenizer(recipe.model)
+    tokenizer = loading.load_tokenizer(recipe.model)
 
     def raw():
         return [ids for i in range(0, len(texts), 1000) for ids in tokenizer(texts[i:i + 1000])["input_ids"]]
@@ -106,10 +107,10 @@ def masking() -> None:
 
 
 def nonpad_fraction(tmp: Path) -> None:
-    from ft import hardware
     from ft.recipe import load_recipe
-    from ft.run import prepare_trainer
-    from ft.trainers import Hooks
+    from ft.run import hardware
+    from ft.run.train import prepare_trainer
+    from ft.trainers.hooks import Hooks
 
     write_text_rows(tmp / "tail.jsonl", long_tailed_lengths(4000, seed=1), seed=1)
     print("3. non-pad fraction of train batches (batch 8, gradient accumulation 4, long-tailed lengths):")

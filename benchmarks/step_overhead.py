@@ -81,10 +81,10 @@ class HandLoop:
     """The floor, one step at a time, on the batches of ft's train dataloader (``ws["ft_loader"]``)."""
 
     def __init__(self, ws: dict):
-        from ft import models
+        from ft.model import loading
         from ft.recipe import load_recipe
 
-        self.model = models.load_model(load_recipe(ws["recipe"]).recipe, seed=SEED)  # ft's model, same init
+        self.model = loading.load_model(load_recipe(ws["recipe"]).recipe, seed=SEED)  # ft's model, same init
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         set_seed(SEED)  # the sampler takes its seed here, as in the ft run: same batches, same order
@@ -139,12 +139,12 @@ class StepClock(TrainerCallback):
 
 def run_ft(ws: dict, warmup: int, steps: int, extra_sets=(), paired: bool = True) -> dict:
     """`ft train` in-process, with a hand-loop step after each of its steps when ``paired``."""
-    import ft.run
+    import ft.run.train
     from ft.recipe import load_recipe
 
     sets = [f"train.output_dir={ws['tmp'] / 'ft'}", f"train.max_steps={warmup + steps}", *extra_sets]
     clock = StepClock(HandLoop(ws) if paired else None)
-    ft.run.train(load_recipe(ws["recipe"], sets), resume="never", say=lambda line: print(line, file=sys.stderr),
+    ft.run.train.train(load_recipe(ws["recipe"], sets), resume="never", say=lambda line: print(line, file=sys.stderr),
                  callbacks=[clock, KeepLoader(ws)], overwrite=True)  # each round reuses the output directory
     return clock.measure(warmup, "ft")
 

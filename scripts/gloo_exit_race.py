@@ -38,7 +38,7 @@ def worker(how: str) -> None:
     dist.all_reduce(flag)
     del flag  # as in a callback: only the gloo work holds the tensor now
     if how == "ft":
-        from ft.ranks import exit_without_finalizing
+        from ft.run.ranks import exit_without_finalizing
 
         exit_without_finalizing(0)
 

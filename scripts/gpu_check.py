@@ -331,7 +331,7 @@ def throughput_worker(recipe: str, result: str, sets: list[str], warmup: int) ->
     import torch
     from transformers import TrainerCallback
 
-    import ft.run
+    import ft.run.train
     from ft.recipe import load_recipe
 
     class Clock(TrainerCallback):
@@ -350,7 +350,8 @@ def throughput_worker(recipe: str, result: str, sets: list[str], warmup: int) ->
 
     clock = Clock()
     loaded = load_recipe(recipe, sets)
-    ft.run.train(loaded, resume="never", overwrite=True, callbacks=[clock], say=lambda line: print(line, flush=True))
+    ft.run.train.train(loaded, resume="never", overwrite=True, callbacks=[clock],
+                       say=lambda line: print(line, flush=True))
     timed = clock.marks[warmup - 1:]  # marks[i] ends step i + 1: from the end of the warm-up to the last step
     if len(timed) < 2:
         raise SystemExit(f"only {len(clock.marks)} steps ran; need more than the {warmup} warm-up steps")

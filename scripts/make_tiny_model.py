@@ -1,5 +1,5 @@
-"""Generate ``assets/tiny-llama/`` and the smoke-test family assets: tiny Llama, Qwen2, Mistral and Gemma configs
-plus tokenizers.
+"""Generate ``assets/tiny-llama/`` and the smoke-test family assets (``src/ft/smoke/assets/``, package data): tiny
+Llama, Qwen2, Mistral and Gemma configs plus tokenizers.
 
 The project's quickstart and tests must run offline on CPU, so instead of downloading a
 model we ship a ~150k-parameter ``LlamaForCausalLM`` *config* (no weights: the project
@@ -10,14 +10,15 @@ whose assistant turns (content + ``<|im_end|>``) are wrapped in ``{% generation 
 TRL's ``assistant_only_loss=True`` works.
 
 ``ft train RECIPE --smoke`` replaces a recipe's model by a tiny random one of the same family; offline, where the
-real config and tokenizer cannot be read, it takes them from ``assets/tiny-<family>/`` (``FAMILIES``): the
-family's transformers config class at tiny sizes (2 layers, hidden 64, 4 heads, 2 kv heads, intermediate 128) and
+real config and tokenizer cannot be read, it takes them from its package's ``assets/tiny-<family>/`` (``FAMILIES``,
+in the folders ``ft.smoke.tiny_model.FAMILIES`` names): the family's transformers config class at the smoke test's
+sizes (``ft.smoke.tiny_model.TINY``: 2 layers, hidden 64, 4 heads, 2 kv heads, intermediate 128) and
 a tokenizer trained like tiny-llama's on the same corpus, with the family's special tokens, BOS behaviour and chat
 template (Llama 3 headers, Qwen2 ChatML, Mistral ``[INST]``, Gemma ``<start_of_turn>``). Each is checked here:
 ft's loss masks of a rendered conversation must hold exactly the assistant answers and the end-of-turn text.
 
 Deterministic: re-running produces byte-identical files.
-Usage: python scripts/make_tiny_model.py [--assets assets]   (writes tiny-llama and every FAMILIES entry)
+Usage: python scripts/make_tiny_model.py        (writes assets/tiny-llama and every FAMILIES entry into the package)
        python scripts/make_tiny_model.py --out DIR            (tiny-llama only, into DIR)
 """
 
@@ -38,7 +39,9 @@ from transformers import (
     Qwen2Config,
 )
 
-from ft.data.templates import LLAMA3
+from ft.data.templates import CHATML, LLAMA3
+from ft.smoke.tiny_model import FAMILIES as ASSET_FOLDERS
+from ft.smoke.tiny_model import TINY as SMOKE_SIZES
 
 PAD, BOS, IM_START, IM_END = "<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>"
 SPECIALS = [PAD, BOS, IM_START, IM_END]  # ids 0..3
@@ -178,18 +181,12 @@ def self_check(out: Path) -> None:
 
 LLAMA3_TEMPLATE = LLAMA3  # ft's built-in `llama3` template: Meta's, without its date preamble
 
-QWEN2_TEMPLATE = (  # Qwen2 Instruct: ChatML, with Qwen's default system message when the chat has none
-    "{%- for message in messages %}"
+# Qwen2 Instruct: ft's ChatML, with Qwen's default system message when the chat has none
+_LOOP = "{%- for message in messages %}"
+QWEN2_TEMPLATE = CHATML.replace(_LOOP, _LOOP + (
     "{%- if loop.first and messages[0]['role'] != 'system' %}"
     "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
-    "{%- else %}{{- message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+    "{%- endif %}"), 1)
 
 MISTRAL_TEMPLATE = (  # Mistral Instruct v0.3 style: [INST] turns, strictly alternating; a system message opens the
     # first user turn
@@ -229,16 +226,14 @@ GEMMA_TEMPLATE = (  # Gemma (1.x, 2) instruct: <start_of_turn>user / model, no s
     "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
 )
 
-# the smoke test's sizes (ft.smoke shrinks a real config to these; a family asset is already this small)
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16}
+# the smoke test's sizes (ft.smoke.tiny_model shrinks a real config to these; a family asset is already this small)
+TINY = {**SMOKE_SIZES, "head_dim": SMOKE_SIZES["hidden_size"] // SMOKE_SIZES["num_attention_heads"]}
 
 
 @dataclass(frozen=True)
 class Family:
-    """One smoke-test family asset: ``assets/<directory>/``."""
+    """One smoke-test family asset (written to the folder ``ft.smoke.tiny_model.FAMILIES`` names for it)."""
 
-    directory: str
     config: type  # the family's transformers config class
     specials: tuple[str, ...]  # special tokens, ids 0.. in this order (as the real tokenizers order theirs)
     bos: str | None
@@ -254,7 +249,7 @@ class Family:
 
 FAMILIES = {
     "llama": Family(
-        "tiny-llama3", LlamaConfig,
+        LlamaConfig,
         ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
         bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None, template=LLAMA3_TEMPLATE, add_bos=True,
         stop=("<|end_of_text|>", "<|eot_id|>"),
@@ -263,19 +258,19 @@ FAMILIES = {
                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 8192}}),
     "qwen2": Family(
-        "tiny-qwen2", Qwen2Config, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        Qwen2Config, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
         bos=None, eos="<|im_end|>", pad="<|endoftext|>", template=QWEN2_TEMPLATE, add_bos=False,
         stop=("<|im_end|>", "<|endoftext|>"),
         extra={"tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_parameters":
                {"rope_type": "default", "rope_theta": 1000000.0}, "use_sliding_window": False,
                "max_window_layers": TINY["num_hidden_layers"]}),
     "mistral": Family(
-        "tiny-mistral", MistralConfig, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"),
+        MistralConfig, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]"),
         bos="<s>", eos="</s>", pad=None, unk="<unk>", template=MISTRAL_TEMPLATE, add_bos=True, stop=("</s>",),
         extra={"tie_word_embeddings": False, "max_position_embeddings": 32768, "sliding_window": None,
                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
     "gemma": Family(
-        "tiny-gemma", GemmaConfig, ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+        GemmaConfig, ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
         bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", template=GEMMA_TEMPLATE, add_bos=True,
         stop=("<eos>", "<end_of_turn>"),
         extra={"tie_word_embeddings": True, "max_position_embeddings": 8192, "hidden_act": "gelu_pytorch_tanh",
@@ -362,8 +357,10 @@ def check_family(name: str, family: Family, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--assets", type=Path, default=Path(__file__).resolve().parents[1] / "assets",
-                        help="write tiny-llama and every family asset under this folder")
+    root = Path(__file__).resolve().parents[1]
+    parser.add_argument("--assets", type=Path, default=root / "assets", help="write tiny-llama under this folder")
+    parser.add_argument("--family-assets", type=Path, default=root / "src" / "ft" / "smoke" / "assets",
+                        help="write every family asset under this folder (ft's package data)")
     parser.add_argument("--out", type=Path, default=None, help="write only tiny-llama, into this folder")
     args = parser.parse_args()
     out = args.out or args.assets / "tiny-llama"
@@ -379,9 +376,10 @@ def main() -> None:
     self_check(out)
     if args.out is not None:
         return
+    assert FAMILIES.keys() == ASSET_FOLDERS.keys(), "a family for each folder ft.smoke.tiny_model reads"
     for name, family in FAMILIES.items():
-        write_family(family, args.assets / family.directory)
-        check_family(name, family, args.assets / family.directory)
+        write_family(family, args.family_assets / ASSET_FOLDERS[name])
+        check_family(name, family, args.family_assets / ASSET_FOLDERS[name])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ft.hardware import Hardware
+from ft.run.hardware import Hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
@@ -32,8 +32,8 @@ def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
 def built_trainer(recipe_path: Path, hw: Hardware = CPU):
     """The trainer ``ft train`` would build for a recipe file on machine ``hw``, and its prepared data (no training)."""
     from ft.recipe import load_recipe
-    from ft.run import prepare_trainer
-    from ft.trainers import resolve_hooks
+    from ft.run.train import prepare_trainer
+    from ft.trainers.hooks import resolve_hooks
 
     recipe = load_recipe(recipe_path).recipe
     return prepare_trainer(recipe, resolve_hooks(recipe, recipe_path.parent), hw, say=lambda _: None)

@@ -12,9 +12,9 @@ import torch
 from conftest import ASSETS, tiny_sft
 from safetensors.torch import load_file
 
-from ft import models
+from ft.model import loading
 from ft.recipe import load_recipe
-from ft.run import train
+from ft.run.train import train
 
 PROBE = torch.tensor([[1, 17, 42, 99, 7, 250, 3, 64]])  # token ids the logits are compared on
 
@@ -60,7 +60,7 @@ def _reloaded(recipe, adapter_dir):
     """The base rebuilt as the run built it (its config and seed, quantized the same way), plus the saved adapter."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(models.load_model(recipe, seed=recipe.train_args.get("seed", 42)), adapter_dir)
+    return PeftModel.from_pretrained(loading.load_model(recipe, seed=recipe.train_args.get("seed", 42)), adapter_dir)
 
 
 @pytest.mark.parametrize("adapter, tolerance", [

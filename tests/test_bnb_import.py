@@ -1,4 +1,4 @@
-"""bitsandbytes without its import-time compiler set-up for runs that use none of it (ft.bnb_import)."""
+"""bitsandbytes without its import-time compiler set-up for runs that use none of it (ft.model.bnb_import)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT, tiny_sft
 
-from ft.bnb_import import uses_bitsandbytes
+from ft.model.bnb_import import uses_bitsandbytes
 from ft.recipe import load_recipe
 
 pytest.importorskip("bitsandbytes")
@@ -32,7 +32,7 @@ def test_the_trainer_stack_imports_torchs_compiler_through_bitsandbytes_unless_f
     assert plain["compiler"]
     ours = _python(
         "import os, sys, json\n"
-        "from ft.bnb_import import import_bitsandbytes\n"
+        "from ft.model.bnb_import import import_bitsandbytes\n"
         "first = import_bitsandbytes(uses_it=False)\n"
         "import transformers.trainer, peft, bitsandbytes.functional as F, torch\n"
         f"compiler = {COMPILER!r} in sys.modules\n"
@@ -52,7 +52,7 @@ def test_the_trainer_stack_imports_torchs_compiler_through_bitsandbytes_unless_f
 
 def test_a_user_setting_of_the_switch_is_left_as_it_was():
     code = ("import os, json\nos.environ['TORCHDYNAMO_DISABLE'] = '0'\n"
-            "from ft.bnb_import import import_bitsandbytes\nimport_bitsandbytes(uses_it=False)\n"
+            "from ft.model.bnb_import import import_bitsandbytes\nimport_bitsandbytes(uses_it=False)\n"
             "print(json.dumps(os.environ.get('TORCHDYNAMO_DISABLE')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,11 +1,11 @@
-"""ft.charts: the PNG line charts of plots/ and `ft report --plots` show the data where it is."""
+"""ft.outputs.charts: the PNG line charts of plots/ and `ft report --plots` show the data where it is."""
 
 from __future__ import annotations
 
 import pytest
 from PIL import Image
 
-from ft import charts
+from ft.outputs import charts
 
 BLUE, ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # the first two series' colours
 

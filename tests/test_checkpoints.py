@@ -16,7 +16,7 @@ import torch
 from conftest import ASSETS, ROOT, run_ft, tiny_sft
 from safetensors.torch import load_file
 
-from ft.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
+from ft.outputs.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
 
 def _checkpoint(out, step: int, complete: bool = True, state: str = '{"global_step": 1}'):

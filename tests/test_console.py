@@ -1,5 +1,5 @@
 """What ``ft train`` shows while it trains: one readable line per log event on stderr (ft.trainers.console), and
-library notices that do not concern the user hidden (ft.notices) unless FT_DEBUG=1 or train.log_level asks."""
+library notices that do not concern the user hidden (ft.run.notices) unless FT_DEBUG=1 or train.log_level asks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, run_ft, tiny_sft
 
-from ft import notices
+from ft.run import notices
 from ft.trainers.console import ConsoleCallback, format_log, install, wants_bar
 
 STEPS, EVAL_STEPS = 4, 2
@@ -156,15 +156,17 @@ def test_filters_are_off_with_ft_debug_or_an_explicit_log_level(monkeypatch, tra
 
 def test_the_line_format():
     line = format_log({"loss": 1.2344, "grad_norm": 1.0812, "learning_rate": 2.7e-3, "tokens_per_second": 21512.3,
-                       "mean_token_accuracy": 0.41, "entropy": 6.2, "num_tokens": 3000.0, "epoch": 0.1}, 120, 600)
+                       "mean_token_accuracy": 0.41, "entropy": 6.2, "num_tokens": 3000.0, "epoch": 0.1}, 120, 600,
+                      method="sft")
     assert line == "step 120/600  loss 1.234  lr 2.7e-03  grad 1.08  acc 0.410  tok/s 21.5k"
     line = format_log({"eval_loss": 1.1, "eval_mean_token_accuracy": 0.62, "eval_num_tokens": 0.0,
                        "eval_runtime": 3.2, "eval_samples_per_second": 50.0, "eval_steps_per_second": 1.0,
-                       "eval_entropy": 6.2, "eval_perplexity": 3.004, "epoch": 0.1}, 7, 600)
+                       "eval_entropy": 6.2, "eval_perplexity": 3.004, "epoch": 0.1}, 7, 600, method="sft")
     assert line == "step   7/600  eval  loss 1.100  acc 0.620  perplexity 3.004"
     dpo = {"loss": 0.69, "learning_rate": 5e-4, "grad_norm": 0.3, "mean_token_accuracy": 0.0,
            "rewards/accuracies": 0.625, "rewards/margins": 0.014, "logps/chosen": -18.0}
-    assert format_log(dpo, 2, 10) == "step  2/10  loss 0.690  lr 5.0e-04  grad 0.3  acc 0.625  margin 0.014"
+    line = format_log(dpo, 2, 10, method="dpo")
+    assert line == "step  2/10  loss 0.690  lr 5.0e-04  grad 0.3  acc 0.625  margin 0.014"
     assert format_log({"train_runtime": 61.04, "train_loss": 0.8567, "train_samples_per_second": 3.0}, 400, 400,
                       start_step=200) == "trained 200 steps (steps 201-400) in 61.0 s, mean loss 0.857"
 

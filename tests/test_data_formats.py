@@ -11,7 +11,7 @@ from conftest import DATA
 from ft.data.formats import FORMATS, Names, normalize
 from ft.data.rows import REASONS, BadRows, DataError, RowError
 from ft.data.sources import read_source
-from ft.recipe.schema import DataSource
+from ft.recipe.data_section import DataSource
 
 datasets.disable_progress_bars()
 PLAIN = Names({}, {})

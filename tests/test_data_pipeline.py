@@ -10,10 +10,11 @@ import pytest
 from conftest import ASSETS, CPU, DATA, run_ft, tiny_sft
 from transformers import AutoTokenizer
 
-from ft import data, models
+from ft import data
+from ft.model import loading
 from ft.recipe import load_recipe
-from ft.run import prepare_trainer
-from ft.trainers import Hooks
+from ft.run.train import prepare_trainer
+from ft.trainers.hooks import Hooks
 
 
 def _silent(_message: str) -> None:
@@ -41,7 +42,7 @@ def _recipe(workdir, write_recipe, **data_changes):
 def _prepare(path, messages=None, **kwargs):
     recipe = load_recipe(path).recipe
     say = messages.append if messages is not None else _silent
-    tokenizer = models.load_tokenizer(recipe.model)
+    tokenizer = loading.load_tokenizer(recipe.model)
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say, **kwargs)
 
 
@@ -157,7 +158,7 @@ def test_packing_feeds_whole_rows_back_to_back_that_do_not_attend_to_each_other(
     import torch
     from transformers import TrainerCallback
 
-    from ft.run import train
+    from ft.run.train import train
 
     class RecordTrainBatches(TrainerCallback):
         """Keeps the keyword arguments of every training forward pass (the batches exactly as the model gets them)

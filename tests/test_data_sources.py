@@ -13,7 +13,7 @@ import pytest
 from ft.data.formats import normalize
 from ft.data.rows import BadRows, DataError
 from ft.data.sources import mix, read_source, split_off
-from ft.recipe.schema import DataSource
+from ft.recipe.data_section import DataSource
 
 datasets.disable_progress_bars()
 WORDS = ["alpha", "beta", "gamma"]

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import ASSETS, CPU, DATA, ROOT, tiny_sft
+from conftest import ASSETS, CPU, DATA, ROOT, run_ft, tiny_sft
 from test_rules import GPU, _with
 
-from ft import hardware
-from ft.drift import DriftError, check_drift
 from ft.recipe import RecipeError, load_recipe
-from ft.recipe.distributed import process_count
-from ft.recipe.redact import resolved_recipe_yaml
+from ft.recipe.processes import Processes, process_count
+from ft.recipe.resolved import resolved_recipe_yaml
+from ft.run import hardware
+from ft.run.drift import DriftError, check_drift
 from ft.trainers import distributed
 from ft.trainers.build import trl_config
 
@@ -28,12 +28,12 @@ from ft.trainers.build import trl_config
 @pytest.fixture(autouse=True)
 def _one_process(monkeypatch):
     """Each test decides the process count itself (a test run under torchrun would see its WORLD_SIZE)."""
-    for name in ("WORLD_SIZE", "FT_NUM_PROCESSES", "LOCAL_WORLD_SIZE"):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
 
 
-def _load(write_recipe, tmp_path, changes: dict, base=None):
-    return load_recipe(write_recipe(_with(base or tiny_sft(tmp_path / "out"), changes)))
+def _load(write_recipe, tmp_path, changes: dict, base=None, processes=None):
+    return load_recipe(write_recipe(_with(base or tiny_sft(tmp_path / "out"), changes)), processes=processes)
 
 
 def _recipe(write_recipe, tmp_path, changes: dict, base=None):
@@ -46,8 +46,8 @@ def _errors(write_recipe, tmp_path, changes: dict, base=None) -> dict[str, str]:
     return {p.path: p.message for p in info.value.problems if p.level == "error"}
 
 
-def _warnings(write_recipe, tmp_path, changes: dict, base=None) -> dict[str, str]:
-    return {p.path: p.message for p in _load(write_recipe, tmp_path, changes, base).warnings}
+def _warnings(write_recipe, tmp_path, changes: dict, base=None, processes=None) -> dict[str, str]:
+    return {p.path: p.message for p in _load(write_recipe, tmp_path, changes, base, processes).warnings}
 
 
 def _training_arguments(tmp_path, args: dict):
@@ -216,12 +216,11 @@ def test_fsdp_contradictions_are_refused_naming_both_keys(write_recipe, tmp_path
     assert key in errors and words in errors[key], errors
 
 
-def test_fsdp_is_refused_on_cpu_processes_and_allowed_on_gpus(write_recipe, tmp_path, monkeypatch):
+def test_fsdp_is_refused_on_cpu_processes_and_allowed_on_gpus(write_recipe, tmp_path):
     recipe = _recipe(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"}})
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    problems = {p.path: p.message for p in hardware.check_hardware(recipe, CPU)}
+    problems = {p.path: p.message for p in hardware.check_hardware(recipe, CPU, processes=2)}
     assert "plain DDP" in problems["distributed.kind"]
-    assert "distributed.kind" not in {p.path for p in hardware.check_hardware(recipe, GPU)}
+    assert "distributed.kind" not in {p.path for p in hardware.check_hardware(recipe, GPU, processes=2)}
 
 
 FSDP_ON_CPU = """
@@ -253,7 +252,7 @@ def test_accelerate_drops_fsdp_for_cpu_processes(tmp_path):
 def test_four_bit_weights_are_stored_in_the_compute_dtype_under_fsdp(write_recipe, tmp_path):
     import torch
 
-    from ft.models import bnb_config
+    from ft.model.loading import bnb_config
 
     changes = {"model.quantization": {"bits": 4, "compute_dtype": "bfloat16"}, "adapter": {"kind": "lora"}}
     plain = _recipe(write_recipe, tmp_path, changes)
@@ -414,34 +413,34 @@ def test_launch_section_fields_the_launcher_reads(write_recipe, tmp_path):
 # --- rules that involve processes -----------------------------------------------------------------------------------
 
 
-def test_process_count_reads_the_rank_then_the_launcher_then_the_recipe(write_recipe, tmp_path, monkeypatch):
+def test_process_count_is_the_commands_else_the_recipes(write_recipe, tmp_path):
     recipe = _recipe(write_recipe, tmp_path, {"launch": {"num_processes": 4, "nnodes": 2, "master_addr": "n0"}})
     assert process_count(recipe) == 8
-    monkeypatch.setenv("FT_NUM_PROCESSES", "3")  # ft train --num-processes 3, before it starts the ranks
-    assert process_count(recipe) == 3
-    monkeypatch.setenv("WORLD_SIZE", "6")  # inside a rank: the run's real size, every machine counted
-    assert process_count(recipe) == 6
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("FT_NUM_PROCESSES")
+    assert process_count(recipe, Processes(3, "--num-processes 3")) == 3  # ft train --num-processes 3, before the ranks
+    assert process_count(recipe, Processes(6, "WORLD_SIZE=6")) == 6  # inside a rank: the run's size, every machine
     assert process_count(_recipe(write_recipe, tmp_path, {"launch": {"num_processes": "auto"}})) == 1
     assert process_count(_recipe(write_recipe, tmp_path, {})) == 1
 
 
-@pytest.mark.parametrize("how", ["WORLD_SIZE", "FT_NUM_PROCESSES", "launch"])
-def test_layerwise_optimizers_refuse_several_processes_however_they_are_started(write_recipe, tmp_path, monkeypatch,
-                                                                                 how):
+@pytest.mark.parametrize("how", ["WORLD_SIZE", "--num-processes", "launch"])
+def test_layerwise_optimizers_refuse_several_processes_however_they_are_started(write_recipe, tmp_path, how):
+    """The count reaches the rules from wherever it is known: a rank's WORLD_SIZE and `ft train --num-processes`
+    through the command, which passes it to validation as an argument; `launch:` from the recipe itself."""
     changes = {"optimizer": {"name": "galore_adamw_layerwise", "target_modules": ["attn"]}}
     if how == "launch":
         changes["launch"] = {"num_processes": 2}
-    else:
-        monkeypatch.setenv(how, "2")
-    message = _errors(write_recipe, tmp_path, changes)["optimizer.name"]
-    assert "2 processes" in message and "single process" in message
+    path = write_recipe(_with(tiny_sft(tmp_path / "out"), changes))
+    command = ["train", str(path), "--num-processes", "2"] if how == "--num-processes" else ["validate", str(path)]
+    result = run_ft(*command, env={"WORLD_SIZE": "2" if how == "WORLD_SIZE" else None})
+    assert result.returncode == 2, result.stderr
+    source = {"WORLD_SIZE": "WORLD_SIZE=2", "--num-processes": "--num-processes 2",
+              "launch": "launch.num_processes 2"}[how]
+    assert "2 processes" in result.stderr and "single process" in result.stderr and f"({source})" in result.stderr
     errors = _errors(write_recipe, tmp_path, {**changes, "launch": None, "distributed": {"kind": "fsdp"}})
     assert "single process" in errors["distributed.kind"]
 
 
-def test_sharding_one_process_is_a_warning(write_recipe, tmp_path, monkeypatch):
+def test_sharding_one_process_is_a_warning(write_recipe, tmp_path):
     warnings = _warnings(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"}})
     assert "one" in warnings["distributed.kind"]
     # offloading still saves memory with one process; several processes shard
@@ -449,8 +448,9 @@ def test_sharding_one_process_is_a_warning(write_recipe, tmp_path, monkeypatch):
     assert "distributed.kind" not in _warnings(write_recipe, tmp_path, offload)
     assert "distributed.kind" not in _warnings(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"},
                                                                         "launch": {"num_processes": 2}})
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert "distributed.kind" not in _warnings(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"}})
+    several = Processes(2, "WORLD_SIZE=2")
+    assert "distributed.kind" not in _warnings(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"}},
+                                               processes=several)
 
 
 def test_batch_rebalance_with_nothing_to_balance_is_a_warning(write_recipe, tmp_path):
@@ -526,20 +526,19 @@ def test_a_run_saved_before_these_sections_reads_as_their_defaults(write_recipe,
     assert check_drift(explicit, out, checkpoint, "ft train r.yaml") == []
 
 
-def test_a_checkpoint_of_another_process_count_is_refused(write_recipe, tmp_path, monkeypatch):
+def test_a_checkpoint_of_another_process_count_is_refused(write_recipe, tmp_path):
     recipe = _recipe(write_recipe, tmp_path, {})
     out, checkpoint = _saved_run(tmp_path, recipe, ranks=2)  # torchrun without launch: in no recipe key
     with pytest.raises(DriftError, match=r"processes \(WORLD_SIZE.*\): 2 → 1"):
-        check_drift(recipe, out, checkpoint, "ft train r.yaml")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert check_drift(recipe, out, checkpoint, "ft train r.yaml") == []
+        check_drift(recipe, out, checkpoint, "ft train r.yaml", world_size=1)
+    assert check_drift(recipe, out, checkpoint, "ft train r.yaml", world_size=2) == []
 
 
 # --- the smoke test -------------------------------------------------------------------------------------------------
 
 
 def test_the_smoke_run_is_one_plain_process(write_recipe, tmp_path):
-    from ft.smoke import _Edits, _machine
+    from ft.smoke.rehearse import _Edits, _machine
 
     recipe = _recipe(write_recipe, tmp_path, {"distributed": {"kind": "fsdp"}, "launch": {"num_processes": 2}})
     edits = _Edits(recipe.model_dump(mode="json", exclude_unset=True, by_alias=True))

@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
 
-from ft.exact_match import HeldOut, exact_match, held_out_rows, report_line
+from ft.inference.exact_match import HeldOut, exact_match, held_out_rows, report_line
+from ft.outputs.summary import headline
 from ft.recipe import RecipeError, load_recipe
-from ft.report import headline
 
 # Measured on 2 CPU cores (2026-12-02). conftest's sft_model (the quickstart stopped at 700 of 1200 steps, seed 0)
 # answers 0.53 of the 200 held-out sums; 700 steps sit on the steep part of the curve (500 steps: 0.04-0.21 over

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ft.hardware import Hardware
+from ft.run.hardware import Hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -78,9 +78,9 @@ def test_the_dry_run_lists_every_shipped_recipe_and_every_gpu_path(plan):
 def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
     import typer.main
 
-    from ft import hardware
     from ft.cli import app
     from ft.recipe import load_recipe
+    from ft.run import hardware
 
     cli = typer.main.get_command(app)
     checked = 0

@@ -11,10 +11,10 @@ import pytest
 from conftest import ASSETS, DATA, built_trainer, run_ft
 
 from ft.data import DataError
-from ft.plugins import PluginError
 from ft.recipe import load_recipe
 from ft.recipe.methods import BUILTIN_REWARDS
-from ft.rewards import BUILTINS, reward_functions
+from ft.trainers.plugins import PluginError
+from ft.trainers.rewards import BUILTINS, reward_functions
 
 PROMPTS = str(DATA / "prompts.jsonl")
 
@@ -39,7 +39,7 @@ def _module(tmp_path: Path, name: str, code: str) -> None:
 
 def _rewards(write_recipe, tmp_path, rewards):
     path = write_recipe(tiny_grpo(tmp_path / "out", rewards))
-    return reward_functions(load_recipe(path).recipe.grpo.rewards, tmp_path)
+    return reward_functions(load_recipe(path).recipe.grpo.rewards, tmp_path, "grpo")
 
 
 # --- built-in rewards on hand-written completions -------------------------------------------------------------

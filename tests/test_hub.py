@@ -15,10 +15,10 @@ import zipfile
 import pytest
 from conftest import CPU, DATA, ROOT, run_ft, tiny_sft
 
-from ft.hardware import device_defaults
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.methods import METHODS
 from ft.recipe.train_section import method_fields
+from ft.run.hardware import device_defaults
 
 DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
             "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),
@@ -70,7 +70,7 @@ def test_push_without_a_token_stops_before_any_model_loads(write_recipe, tmp_pat
 
 def _check_hub(recipe_path, env: dict) -> list[str]:
     """check_hub in a fresh process: huggingface_hub reads HF_HOME and HF_HUB_OFFLINE when it is imported."""
-    code = ("import json, sys; from ft.hub import check_hub; from ft.recipe import load_recipe; "
+    code = ("import json, sys; from ft.run.hub import check_hub; from ft.recipe import load_recipe; "
             "print(json.dumps([p.render() for p in check_hub(load_recipe(sys.argv[1]).recipe)]))")
     full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     done = subprocess.run([sys.executable, "-c", code, str(recipe_path)], cwd=ROOT, env=full, capture_output=True,

@@ -17,8 +17,8 @@ from pathlib import Path
 from conftest import ROOT, run_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, signal_at_step, steps_by_run
 
-from ft.checkpoints import complete_checkpoints
-from ft.launch import rank_argv
+from ft.outputs.checkpoints import complete_checkpoints
+from ft.run.launch import rank_argv
 
 ENV = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -138,13 +138,14 @@ def test_the_ranks_get_the_command_without_the_launch_flags():
 
 
 def test_other_processes_wait_for_the_main_ones_prepared_data_without_a_timeout(write_recipe, tmp_path):
-    from ft import data, models
+    from ft import data
+    from ft.model import loading
     from ft.recipe import load_recipe
 
     recipe_dict = tiny_sft(tmp_path / "out")
     recipe_dict["data"]["prepared_path"] = str(tmp_path / "prepared")
     recipe = load_recipe(write_recipe(recipe_dict)).recipe
-    tokenizer = models.load_tokenizer(recipe.model)
+    tokenizer = loading.load_tokenizer(recipe.model)
     template = data.chat_template_for(recipe, tokenizer)
     waited: dict = {}
 

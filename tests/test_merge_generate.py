@@ -17,7 +17,9 @@ import yaml
 from conftest import ASSETS, built_trainer, run_ft, tiny_sft
 from safetensors.torch import load_file
 
-from ft.inference import InferenceError, Sampling, generate, locate, merge, prompt_text
+from ft.inference.generate import Sampling, generate, prompt_text
+from ft.inference.locate import InferenceError, locate
+from ft.inference.merge import merge
 
 LORA = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 TOKENS = "8"  # --max-new-tokens: enough to compare texts, cheap on a CPU

@@ -11,10 +11,10 @@ import sys
 import pytest
 from conftest import CPU, DATA, ROOT, tiny_sft
 
-from ft.hardware import device_defaults
 from ft.recipe import load_recipe
 from ft.recipe.methods import METHODS
 from ft.recipe.names import BUILTIN_CALLBACKS, BUILTIN_REWARDS, FORMATS, METRICS
+from ft.run.hardware import device_defaults
 
 DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
             "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),
@@ -82,7 +82,7 @@ def test_every_section_setting_reaches_the_trl_config(write_recipe, tmp_path, me
 
 
 def test_only_the_chosen_methods_module_imports_trl():
-    code = ("import sys, ft.run, ft.trainers\n"
+    code = ("import sys, ft.run.train, ft.trainers.build\n"
             "assert not any(m == 'trl' or m.startswith('trl.') for m in sys.modules), 'trl imported early'\n"
             "import ft.trainers.sft\n"
             "others = [m for m in ('dpo', 'kto', 'orpo', 'grpo') if f'ft.trainers.{m}' in sys.modules]\n"
@@ -93,9 +93,9 @@ def test_only_the_chosen_methods_module_imports_trl():
 
 def test_recipe_names_match_the_registries_that_implement_them():
     from ft.data.formats import FORMATS as FORMAT_REGISTRY
-    from ft.rewards import BUILTINS
     from ft.trainers.callbacks import BUILTIN
     from ft.trainers.metrics import METRICS as METRIC_REGISTRY
+    from ft.trainers.rewards import BUILTINS
 
     assert set(FORMATS) == set(FORMAT_REGISTRY)
     assert set(METRICS) == set(METRIC_REGISTRY)

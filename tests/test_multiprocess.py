@@ -13,7 +13,7 @@ import sys
 from conftest import ROOT, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, assert_same_final_weights, sigterm_once_started, steps_by_run
 
-from ft.checkpoints import complete_checkpoints
+from ft.outputs.checkpoints import complete_checkpoints
 
 
 def _torchrun(recipe_path) -> list[str]:

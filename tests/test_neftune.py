@@ -20,7 +20,7 @@ from conftest import tiny_sft
 from transformers import TrainerCallback
 
 from ft.recipe import load_recipe
-from ft.run import train
+from ft.run.train import train
 
 ALPHA = 5.0
 # dropout 0 (ft's default is 0.05): the model is compared in training mode, which must be deterministic
@@ -159,7 +159,7 @@ def test_trained_model_in_training_mode_matches_the_saved_one(neftune_run):
     if (final / "adapter_config.json").exists():
         from peft import PeftModel
 
-        from ft.models import load_model
+        from ft.model.loading import load_model
 
         recipe = load_recipe(neftune_run.recipe_path).recipe
         fresh = PeftModel.from_pretrained(load_model(recipe, seed=recipe.train_args["seed"]), final)

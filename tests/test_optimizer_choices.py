@@ -9,7 +9,7 @@ import pytest
 from conftest import run_ft, tiny_sft
 
 from ft.recipe import load_recipe
-from ft.run import train
+from ft.run.train import train
 
 BASE_LR = 3e-3
 

@@ -13,8 +13,8 @@ import torch
 from conftest import ASSETS, DATA, run_ft
 from safetensors.torch import load_file
 
-import ft.run
-from ft.models import ModelLoadError
+import ft.run.train
+from ft.model.loading import ModelLoadError
 from ft.recipe import load_recipe
 from ft.trainers.kto import unpaired
 
@@ -40,19 +40,19 @@ def preference_recipe(method: str, model: Path, output_dir: Path, *, init: str =
 
 @pytest.fixture
 def train_keeping_trainer(monkeypatch):
-    """``ft.run.train`` as ``ft train`` runs it, also returning the trainer it built (a pass-through wrapper
+    """``ft.run.train.train`` as ``ft train`` runs it, also returning the trainer it built (a pass-through wrapper
     around the real ``build_trainer``)."""
 
     def run(path: Path):
         built = []
-        real = ft.run.build_trainer
+        real = ft.run.train.build_trainer
 
         def keep(*args, **kwargs):
             built.append(real(*args, **kwargs))
             return built[-1]
 
-        monkeypatch.setattr(ft.run, "build_trainer", keep)
-        result = ft.run.train(load_recipe(path), resume="never", say=lambda _: None)
+        monkeypatch.setattr(ft.run.train, "build_trainer", keep)
+        result = ft.run.train.train(load_recipe(path), resume="never", say=lambda _: None)
         return result, built[0]
 
     return run
@@ -110,7 +110,7 @@ def test_missing_ref_model_is_a_model_load_error(write_recipe, tmp_path):
     recipe = preference_recipe("dpo", ASSETS, tmp_path / "out", init="random", train_fraction=0.05)
     recipe["dpo"] = {"ref_model": str(tmp_path / "no-such-model")}
     with pytest.raises(ModelLoadError, match=r"^dpo\.ref_model: could not load"):  # `ft train` exits 2 on it
-        ft.run.train(load_recipe(write_recipe(recipe)), resume="never", say=lambda _: None)
+        ft.run.train.train(load_recipe(write_recipe(recipe)), resume="never", say=lambda _: None)
 
 
 def test_lora_dpo_uses_the_base_as_reference_and_beta_reaches_the_trainer(write_recipe, tmp_path,
@@ -167,7 +167,7 @@ def _watch():
 
 def _train_watched(path: Path):
     watch = _watch()
-    result = ft.run.train(load_recipe(path), resume="never", say=lambda _: None, callbacks=[watch])
+    result = ft.run.train.train(load_recipe(path), resume="never", say=lambda _: None, callbacks=[watch])
     return result, watch
 
 

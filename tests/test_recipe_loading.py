@@ -7,7 +7,8 @@ import yaml
 from conftest import ASSETS, DATA, run_ft, tiny_sft
 
 from ft.recipe import RecipeError, load_recipe
-from ft.recipe.redact import REDACTED, resolved_recipe_yaml
+from ft.recipe.redact import REDACTED
+from ft.recipe.resolved import resolved_recipe_yaml
 
 
 def test_extends_chain_merges_maps_and_replaces_lists(tmp_path):

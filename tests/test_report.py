@@ -18,8 +18,8 @@ import yaml
 from conftest import DATA, ROOT, run_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, signal_at_step
 
-from ft import report
-from ft.checkpoints import complete_checkpoints, previous_run
+from ft.outputs import plots
+from ft.outputs.checkpoints import complete_checkpoints, previous_run
 
 EXPLODE = """
 from transformers import TrainerCallback
@@ -176,7 +176,7 @@ def test_plots_are_pngs_of_the_log_history(two_runs):
     summary = _summary(out)
     history = json.loads((out / "log_history.json").read_text())
     assert [entry["loss"] for entry in history if "loss" in entry][0] == summary["first_train_loss"]
-    series = report.plot_series(history)
+    series = plots.plot_series(history)
     assert summary["plots"] == [f"plots/{name}.png" for name in series]
     assert {"loss", "learning_rate", "grad_norm", "tokens_per_second", "eval_mean_token_accuracy"} <= set(series)
     for name in series:
@@ -199,7 +199,7 @@ def test_plot_series_picks_eval_metrics_and_leaves_out_what_is_no_number():
                {"loss": float("nan"), "step": 2},
                {"eval_loss": 1.5, "eval_rewards/margins": 0.25, "eval_runtime": 3.0, "eval_num_tokens": 9.0, "step": 2},
                {"train_runtime": 4.0, "step": 2}]
-    assert report.plot_series(history) == {
+    assert plots.plot_series(history) == {
         "loss": {"loss": [(1, 2.0)], "eval_loss": [(2, 1.5)]},
         "learning_rate": {"learning_rate": [(1, 1e-3)]},
         "tokens_per_second": {"tokens_per_second": [(1, 10.0)]},

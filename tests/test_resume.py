@@ -10,8 +10,8 @@ from conftest import run_ft, tiny_sft
 from safetensors.torch import load_file
 from test_checkpoints import assert_same_final_weights
 
-from ft.checkpoints import complete_checkpoints, resume_command
-from ft.drift import differences, is_harmless
+from ft.outputs.checkpoints import complete_checkpoints, resume_command
+from ft.run.drift import differences, is_harmless
 
 
 def test_drift_keys_are_told_apart_from_harmless_ones():

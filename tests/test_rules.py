@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import DATA, tiny_sft
 
-from ft import hardware
-from ft.hardware import Hardware
-from ft.recipe import RecipeError, load_recipe
+from ft.recipe import Processes, RecipeError, load_recipe
+from ft.run import hardware
+from ft.run.hardware import Hardware
 
 CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
 GPU = Hardware(cuda=True, bf16=True, devices=1, name="NVIDIA H100")
@@ -30,10 +30,10 @@ def _with(base: dict, changes: dict) -> dict:
     return recipe
 
 
-def _errors(write_recipe, tmp_path, changes: dict, base=None) -> dict[str, str]:
+def _errors(write_recipe, tmp_path, changes: dict, base=None, processes=None) -> dict[str, str]:
     base = base or tiny_sft(tmp_path / "out")
     with pytest.raises(RecipeError) as info:
-        load_recipe(write_recipe(_with(base, changes)))
+        load_recipe(write_recipe(_with(base, changes)), processes=processes)
     return {p.path: p.message for p in info.value.problems if p.level == "error"}
 
 
@@ -214,8 +214,8 @@ def test_bf16_on_a_gpu_without_it(write_recipe, tmp_path):
     assert "Tesla T4" in problems["train.bf16"]
 
 
-def test_layerwise_refuses_several_processes(write_recipe, tmp_path, monkeypatch):
-    # a rule of the recipe, with the process count it sees (tests/test_distributed_config.py: every way of starting)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_layerwise_refuses_several_processes(write_recipe, tmp_path):
+    # a rule of the recipe, with the process count the command passes (tests/test_distributed_config.py: every way)
     changes = {"optimizer": {"name": "galore_adamw_layerwise", "target_modules": ["attn"]}}
-    assert "WORLD_SIZE=2" in _errors(write_recipe, tmp_path, changes)["optimizer.name"]
+    errors = _errors(write_recipe, tmp_path, changes, processes=Processes(2, "WORLD_SIZE=2"))
+    assert "WORLD_SIZE=2" in errors["optimizer.name"]

@@ -15,9 +15,9 @@ from conftest import tiny_sft
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+from ft.outputs.summary import best_checkpoint
 from ft.recipe import load_recipe
-from ft.report import best_checkpoint
-from ft.run import train
+from ft.run.train import train
 
 STEPS = 4
 

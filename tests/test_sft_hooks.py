@@ -11,7 +11,7 @@ import pytest
 from conftest import run_ft, tiny_sft
 
 from ft.recipe import load_recipe
-from ft.run import train
+from ft.run.train import train
 
 
 def _module(tmp_path, name: str, code: str) -> None:

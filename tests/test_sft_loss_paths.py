@@ -67,7 +67,7 @@ def test_evaluation_with_logits_takes_one_forward(trainer):
 
 
 def test_metrics_score_only_targeted_positions_in_chunks_without_changing_them():
-    from ft.trainers.sft import _scored_sums
+    from ft.trainers.token_metrics import scored_sums
 
     logits, targets = torch.randn(3, 7, 11), torch.randint(0, 11, (3, 7))
     position = torch.arange(21).reshape(3, 7)
@@ -84,6 +84,6 @@ def test_metrics_score_only_targeted_positions_in_chunks_without_changing_them()
             cases.append((poisoned, True))  # at most half targeted: the CPU way picks the rows out
         for scored, pick in cases:
             for elements in (2**25, 4 * 11):  # one chunk; 4 positions per chunk, 6 chunks
-                got_entropy, got_correct = _scored_sums(scored, targets, mask, elements=elements, pick=pick)
+                got_entropy, got_correct = scored_sums(scored, targets, mask, elements=elements, pick=pick)
                 assert torch.allclose(got_entropy, entropy)
                 assert int(got_correct) == int(correct)

@@ -1,5 +1,5 @@
-"""Trackers (ft.trackers): TensorBoard by default, writing under the output directory, with the values of the run's
-own log history; trackio's local store under the output directory; a tracker that is not installed refused before
+"""Trackers (ft.trainers.trackers): TensorBoard by default, writing under the output directory, with the values of the
+run's own log history; trackio's local store under the output directory; a tracker that is not installed refused before
 any model loads."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import pytest
 from conftest import CPU, ROOT, run_ft, tiny_sft
 from test_console import default_run
 
-from ft import checkpoints, hardware, trackers
+from ft.outputs import checkpoints
 from ft.recipe import load_recipe
+from ft.run import hardware
+from ft.trainers import trackers
 
 
 @pytest.fixture(scope="module")

@@ -30,17 +30,12 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load(recipe: Path, overrides: list[str] | None, processes: int | str | None = None):
-    """The validated recipe. ``processes`` (``ft train --num-processes``) is the process count the rules that
-    involve processes see (``FT_NUM_PROCESSES``; inside a rank, WORLD_SIZE)."""
-    import os
-
+def _load(recipe: Path, overrides: list[str] | None, num_processes: int | str | None = None):
+    """The validated recipe, checked with the process count this command knows (``_processes``)."""
     from .recipe import RecipeError, load_recipe
 
-    if processes is not None and "WORLD_SIZE" not in os.environ:
-        os.environ["FT_NUM_PROCESSES"] = str(max(_visible_gpus(), 1) if processes == "auto" else processes)
     try:
-        loaded = load_recipe(recipe, overrides or [])
+        loaded = load_recipe(recipe, overrides or [], processes=_processes(num_processes))
     except RecipeError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_INVALID) from None
@@ -52,7 +47,7 @@ def _load(recipe: Path, overrides: list[str] | None, processes: int | str | None
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe and print it resolved (defaults filled in), or list every problem at once."""
-    from .recipe.redact import resolved_recipe_yaml
+    from .recipe.resolved import resolved_recipe_yaml
 
     loaded = _load(recipe, set_)
     print(resolved_recipe_yaml(loaded.recipe), end="")
@@ -94,11 +89,11 @@ def train(
     flags = {"num_processes": _process_count(num_processes), "nnodes": nnodes, "node_rank": node_rank,
              "master_addr": master_addr, "master_port": master_port, "rdzv_endpoint": rdzv_endpoint}
     _watch_parent()
-    loaded = _load(recipe, set_, processes=flags["num_processes"])
-    from .notices import install as hide_notices_not_for_the_user
+    loaded = _load(recipe, set_, flags["num_processes"])
+    from .run.notices import install as hide_notices_not_for_the_user
 
     hide_notices_not_for_the_user(loaded.recipe.train_args)  # not with FT_DEBUG=1 or train.log_level (notices.py)
-    from .run import train as run_train
+    from .run.train import train as run_train
 
     command = _resume_command()
     if not smoke and _several_processes_wanted(loaded, flags):
@@ -106,17 +101,32 @@ def train(
         if code is not None:
             raise typer.Exit(code)
     if smoke:
-        from . import smoke as smoke_test
+        from .smoke import rehearse
 
         if resume != "auto":
             _err("ft: --smoke always starts afresh in its own directory (<output_dir>-smoke); drop --resume.")
             raise typer.Exit(EXIT_INVALID)
-        result = _guarded(lambda: smoke_test.train(loaded, say=_err, command=command), smoke_test.redirected(loaded),
+        result = _guarded(lambda: rehearse.train(loaded, say=_err, command=command), rehearse.redirected(loaded),
                           "the smoke test")
         raise typer.Exit(result.exit_code)
     result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
                       loaded, "training")
     raise typer.Exit(result.exit_code)
+
+
+def _processes(num_processes: int | str | None):
+    """The process count the rules that involve processes see: inside a rank, the run's (WORLD_SIZE, set by torchrun,
+    accelerate or ft); else ``--num-processes`` (``auto``: the visible GPUs); else None (the recipe's ``launch:``)."""
+    from .recipe import Processes
+    from .run.ranks import launched_world_size
+
+    size = launched_world_size()
+    if size is not None:
+        return Processes(size, f"WORLD_SIZE={size}")
+    if num_processes is None:
+        return None
+    count = max(_visible_gpus(), 1) if num_processes == "auto" else int(num_processes)
+    return Processes(count, f"--num-processes {count}")
 
 
 def _process_count(value: str | None) -> int | str | None:
@@ -129,7 +139,7 @@ def _process_count(value: str | None) -> int | str | None:
 
 
 def _watch_parent() -> None:
-    from .launch import watch_parent
+    from .run.launch import watch_parent
 
     watch_parent()
 
@@ -151,7 +161,7 @@ def _visible_gpus() -> int:
 
 def _launch(loaded, flags: dict, command: str) -> int | None:
     """Start the ranks and return ft's exit code; None when the launch comes to one process (train here)."""
-    from . import launch
+    from .run import launch
 
     def start() -> int | None:
         chosen = launch.resolve(loaded, flags, _visible_gpus)
@@ -165,8 +175,8 @@ def _resume_command() -> str:
     in a rank ``ft train --num-processes`` started, ft's."""
     import os
 
-    from .checkpoints import resume_command
-    from .launch import RESUME_COMMAND_ENV
+    from .outputs.checkpoints import resume_command
+    from .run.launch import RESUME_COMMAND_ENV
 
     if os.environ.get(RESUME_COMMAND_ENV):
         return os.environ[RESUME_COMMAND_ENV]
@@ -176,9 +186,9 @@ def _resume_command() -> str:
 
 def _guarded(step, loaded, doing: str):
     """Run a command's work, turning every failure into one paragraph and an exit code."""
-    from .checkpoints import ResumeError
     from .data import DataError
-    from .models import ModelLoadError
+    from .model.loading import ModelLoadError
+    from .outputs.checkpoints import ResumeError
     from .recipe import RecipeError
 
     try:
@@ -219,7 +229,7 @@ def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
 def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Tokenize the data once (with loss masks and a length column) into data.prepared_path for ft train."""
     loaded = _load(recipe, set_)
-    from .run import preprocess as run_preprocess
+    from .run.preprocess import preprocess as run_preprocess
 
     prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded, "preprocessing")
     print(json.dumps(prepared.stats, indent=1))
@@ -241,7 +251,7 @@ def merge(
     dtype: DtypeOpt = None,
 ) -> None:
     """Fold a LoRA adapter into its base and save a plain model (weights, config, tokenizer, chat template)."""
-    from .inference import merge as run_merge
+    from .inference.merge import merge as run_merge
 
     _guarded_at(lambda: run_merge(source, out, dtype, say=_err), "merging", "ft-merge")
     print(out)
@@ -268,8 +278,8 @@ def generate(
     if (prompt is None) == (file is None):
         _err("ft generate: give exactly one of --prompt TEXT or --file prompts.jsonl.")
         raise typer.Exit(EXIT_INVALID)
-    from .inference import Sampling, read_prompts
-    from .inference import generate as run_generate
+    from .inference.generate import Sampling, read_prompts
+    from .inference.generate import generate as run_generate
 
     sampling = Sampling(max_new_tokens, temperature, top_p, chat_template)
 
@@ -288,7 +298,7 @@ def _guarded_at(step, doing: str, log_name: str):
     <temp dir>/<log_name>/error.log, since there is no output directory of a run to hold it."""
     import tempfile
 
-    from .inference import InferenceError
+    from .inference.locate import InferenceError
 
     try:
         return step()
@@ -338,7 +348,7 @@ def report(
 ) -> None:
     """Show what runs did: status, steps, losses, eval metrics, tokens/s, peak memory, wall time, side by side with
     the recipe keys that differ. A run still training is read from its newest checkpoint."""
-    from .compare import ReportError, load_runs, merged, render, write_overlay_plots
+    from .outputs.report import ReportError, load_runs, merged, render, write_overlay_plots
 
     def step() -> int:
         try:
@@ -408,7 +418,7 @@ def schema() -> None:
 
 
 def main() -> None:
-    from .ranks import exit_without_finalizing, world_size
+    from .run.ranks import exit_without_finalizing, world_size
 
     if world_size() == 1:
         try:
@@ -427,9 +437,9 @@ def main() -> None:
 def _skip_the_final_collections() -> None:
     """Exempt the objects alive now from the garbage collections the interpreter runs as it shuts down
     (``gc.freeze``). After ``ft train`` they walk every object torch, transformers and TRL created and free nothing
-    anyone still needs: 1.5 s of the exit on a CPU (benchmarks/side_by_side.py), where a hand-written loop takes
-    1.2 s in all. Nothing else changes: what ft writes is closed by now, and atexit handlers (trackers' last uploads,
-    logging's flush) still run."""
+    anyone still needs: most of the exit on a CPU (benchmarks/README.md measures it with side_by_side.py). Nothing
+    else changes: what ft writes is closed by now, and atexit handlers (trackers' last uploads, logging's flush) still
+    run."""
     import gc
 
     gc.freeze()

@@ -23,16 +23,17 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from .hardware import Hardware, device_defaults
+from .model.loading import names_a_path
 from .recipe import Recipe
+from .recipe.methods import METHODS
 from .recipe.optimizers import traits
+from .run.hardware import Hardware, device_defaults
+from .trainers.token_metrics import ENTROPY_CHUNK
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ENTROPY_CHUNK = 2**25  # float32 values per chunk of ft's CPU entropy metric (ft.trainers.sft._scored_sums)
 TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 BNB_MIN_8BIT = 4096  # bitsandbytes and torchao keep tensors smaller than this in 32-bit state
-SEQUENCES_PER_ROW = {"dpo": 2, "orpo": 2}  # chosen and rejected go through the model together
 FOREACH = {"adamw_torch", "sgd", "adagrad", "rmsprop", "schedule_free_adamw", "schedule_free_sgd"}
 FITS_BELOW = 0.9  # of the GPU's memory: the rest is for the CUDA context, fragmentation and library workspaces
 PROJECTED = [r".*self_attn.*", r".*mlp.*"]  # the modules a suggested GaLore projects
@@ -101,7 +102,7 @@ def read_shape(recipe: Recipe) -> Shape:
         config = AutoConfig.from_pretrained(model.name, revision=model.revision,
                                             trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        if model.name.startswith(("/", "./", "../", "~")) or model.name.count("/") > 1:  # a path, not a hub id
+        if names_a_path(model.name):
             raise PlanError(f"model.name: {model.name!r} is not a directory (a relative path is read from the "
                             "recipe's folder); `ft plan` needs only the model's config.json: point model.name at "
                             "a directory that holds one (for a run's final/, train that run first).") from None
@@ -172,6 +173,11 @@ class Setup:
     reference: bool  # a frozen copy of the weights (DPO/KTO full fine-tuning)
 
     @property
+    def sequences(self) -> int:
+        """Sequences one row puts through the model together (DPO, ORPO: chosen and rejected)."""
+        return METHODS[self.method].sequences_per_row
+
+    @property
     def compute(self) -> int:
         """Bytes of an activation: half precision under autocast, else the weights' (float32 beside a k-bit base)."""
         return 2 if self.mixed else self.param_bytes
@@ -194,7 +200,7 @@ class Setup:
 
 def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1) -> Setup:
     """ft's view of the recipe on ``gpus`` devices of kind ``device``: the recipe's keys, then ft's defaults for
-    the device (``ft.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a CPU), then
+    the device (``ft.run.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a CPU), then
     TRL's."""
     hw = Hardware(cuda=device == "cuda", bf16=True, devices=gpus, name=device)
     train = {**device_defaults(recipe, hw), **recipe.train_args}
@@ -211,8 +217,9 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1)
     if adapter is not None:
         targets = adapter.target_modules if isinstance(adapter.target_modules, str) else tuple(adapter.target_modules)
         lora = Adapter(adapter.r, targets, adapter.dropout, adapter.use_dora, tuple(adapter.modules_to_save or ()))
-    sft_loss = (recipe.method == "sft" and recipe.loss is None and not train.get("label_smoothing_factor")
-                and train.get("loss_type", "nll") == "nll")
+    method = METHODS[recipe.method]
+    fused_loss = (method.fused_lm_head and recipe.loss is None and not train.get("label_smoothing_factor")
+                  and train.get("loss_type", "nll") == "nll")
     return Setup(
         device=device, gpus=gpus, method=recipe.method, batch=train.get("per_device_train_batch_size", 8),
         accumulation=train.get("gradient_accumulation_steps", 1), max_length=recipe.data.max_length,
@@ -220,9 +227,9 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1)
         bits=quant.bits if quant else None, double_quant=bool(quant and quant.double_quant),
         optimizer="class" if opt.cls else opt.name, optim_args=tuple(sorted(opt.args.items())),
         optim_targets=tuple(opt.target_modules) if opt.target_modules else None, adapter=lora,
-        attention=model.attn_implementation or "sdpa", full_logits=device == "cpu" or not sft_loss,
-        metrics_on_logits=device == "cpu" and sft_loss,
-        reference=recipe.method in ("dpo", "kto") and adapter is None and not train.get("precompute_ref_log_probs"))
+        attention=model.attn_implementation or "sdpa", full_logits=device == "cpu" or not fused_loss,
+        metrics_on_logits=device == "cpu" and fused_loss,
+        reference=method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs"))
 
 
 # --- parameters ---------------------------------------------------------------------------------------------------
@@ -449,7 +456,7 @@ class Activations:
 
 
 def activations(shape: Shape, s: Setup, params: list[Param]) -> Activations:
-    seqs = s.batch * SEQUENCES_PER_ROW.get(s.method, 1)
+    seqs = s.batch * s.sequences
     tokens = seqs * s.max_length
     layers = [layer_bytes(shape, s, i) * tokens for i in range(shape.layers)]
     h, norm, c = shape.hidden, s.param_bytes, s.compute
@@ -478,7 +485,7 @@ def head_memory(shape: Shape, s: Setup, head_trained: bool) -> tuple[float, floa
     two float32 gradients of it.
     TRL's fused LM head (SFT on CUDA): one 4096 × 32768 tile, a float32 gradient of the hidden states and, when
     the head trains, a float32 gradient of its weight."""
-    tokens = s.batch * SEQUENCES_PER_ROW.get(s.method, 1) * s.max_length
+    tokens = s.batch * s.sequences * s.max_length
     c, v, h = s.compute, shape.vocab, shape.hidden
     if s.full_logits:
         n = tokens * v

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..recipe import Recipe
+from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
-from ..recipe.schema import DataSource, SplitRatio
 from . import cache
 from .formats import normalize
 from .rows import BadRows, DataError
@@ -93,15 +93,25 @@ def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
         raise DataError(str(exc)) from None
 
 
-def _read(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
+def read_sources(recipe: Recipe, sources: list[DataSource], keys: list[str], report: BadRows):
+    """The canonical rows of ``sources`` (named by ``keys``, ``data.train.0``, … in errors), read, normalized and mixed
+    as ``ft train`` reads them, with the recipe's seed and ``on_bad_row``; skipped rows are counted in ``report``.
+    None without sources."""
+    data = recipe.data
+    parts = []
+    for key, source in zip(keys, sources, strict=True):
+        raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
+        parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report))
+    return mix(parts, keys) if parts else None
+
+
+def read_splits(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
+    """(train rows, eval rows or None, the bad-row report) of ``recipe``, canonical and untokenized; ``split_ratio``
+    holds its evaluation rows out of the training rows here."""
     data, report = recipe.data, BadRows()
 
     def split(sources: list[DataSource], name: str):
-        parts, keys = [], [f"data.{name}.{i}" for i in range(len(sources))]
-        for key, source in zip(keys, sources, strict=True):
-            raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
-            parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report))
-        return mix(parts, keys) if parts else None
+        return read_sources(recipe, sources, [f"data.{name}.{i}" for i in range(len(sources))], report)
 
     train, evaluation = split(data.train, "train"), split(data.eval_sources, "eval")
     if isinstance(data.eval, SplitRatio):
@@ -112,7 +122,7 @@ def _read(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
 
 
 def _canonical_rows(recipe: Recipe, say) -> PreparedData:
-    train, evaluation, report = _read(recipe, say)
+    train, evaluation, report = read_splits(recipe, say)
     strip = [c for c in train.column_names if c.startswith("__ft")]
     train = train.remove_columns(strip)
     evaluation = evaluation.remove_columns(strip) if evaluation is not None else None
@@ -126,7 +136,7 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
     settings = TokenizeSettings(template=template, max_length=data.max_length, truncation=data.truncation,
                                 train_on=data.train_on)
     length_column = recipe.train_args.get("length_column_name", "length")
-    train, evaluation, report = _read(recipe, say)
+    train, evaluation, report = read_splits(recipe, say)
     stats: dict = {"skipped_rows": report.as_dict()}
     out = {}
     for name, dataset in (("train", train), ("eval", evaluation)):

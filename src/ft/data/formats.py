@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 
-from ..recipe.schema import DataSource
+from ..recipe.data_section import DataSource
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
 
 Row = dict

@@ -16,8 +16,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from ..recipe.data_section import DataSource
 from ..recipe.errors import first_line
-from ..recipe.schema import DataSource
 from .rows import BLANK, ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -70,14 +70,27 @@ def split_off(dataset: datasets.Dataset, ratio: float, seed: int) -> tuple[datas
     return dataset.select(np.flatnonzero(keep)), dataset.select(np.sort(held))
 
 
-def _load(source: DataSource, on_bad_row: str, report: BadRows, key: str | None) -> datasets.Dataset:
+def source_kind(source: DataSource) -> str:
+    """What ``source.path`` names: ``saved`` (a ``save_to_disk`` directory), ``file`` (a local file), ``folder`` (a
+    local folder of data files, for ``datasets.load_dataset``), ``missing`` (a local path that does not exist: an
+    absolute or ./~ path, or a file name with a data suffix) or ``hub`` (a hub dataset id)."""
     path = Path(source.path)
-    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
-        return _from_disk(path, source, key)
+    if path.is_dir():
+        return "saved" if (path / "dataset_dict.json").exists() or (path / "state.json").exists() else "folder"
     if path.is_file():
+        return "file"
+    if path.is_absolute() or source.path.startswith((".", "~")) or path.suffix.lower() in FILE_BUILDERS:
+        return "missing"
+    return "hub"
+
+
+def _load(source: DataSource, on_bad_row: str, report: BadRows, key: str | None) -> datasets.Dataset:
+    path, kind = Path(source.path), source_kind(source)
+    if kind == "saved":
+        return _from_disk(path, source, key)
+    if kind == "file":
         return _from_file(path, source, on_bad_row, report, key)
-    if not path.is_dir() and (path.is_absolute() or source.path.startswith((".", "~"))
-                              or path.suffix.lower() in FILE_BUILDERS):
+    if kind == "missing":
         raise DataError(f"{_subject(source, key)} does not exist (relative paths are read from the recipe's "
                         "folder).")
     try:  # a hub id, or a local folder of data files

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..labels import IGNORE_INDEX
+from .labels import IGNORE_INDEX
 from .templates import end_of_turn
 
 _SPACE = re.compile(r"\s*")

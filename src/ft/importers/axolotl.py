@@ -16,13 +16,15 @@ from typing import Any
 
 import yaml
 
+from ..recipe.methods import METHOD_SECTIONS
 from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
 from .axolotl_keys import EXPECTED, HANDLERS, Ctx, misfit
 from .axolotl_method import method_of
 from .ledger import CARRIED, IGNORED, NOT_CARRIED, Entry, Ledger, Verdict, check, trailer
 
-SECTIONS = ("method", "model", "adapter", "data", "optimizer", "scheduler", "dpo", "grpo", "kto", "orpo",
-            "distributed", "callbacks", "train")
+# the sections of a written recipe, in order (every method's section, as METHODS lists them)
+SECTIONS = ("method", "model", "adapter", "data", "optimizer", "scheduler", *METHOD_SECTIONS, "distributed",
+            "callbacks", "train")
 
 
 class ConfigError(Exception):

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..recipe.methods import DEFAULT_METHOD, METHODS, readers
 from .axolotl_keys import ENTRY_EXPECTED, Ctx, handles, misfit, number
-from .axolotl_types import NEAREST, Reading, reading
+from .axolotl_types import Reading, nearest, reading
 
 LOADERS = ("json", "csv", "parquet", "text", "arrow")  # `path: json` + data_files: a datasets builder name
 FT_ROLES = ("system", "user", "assistant", "tool")
@@ -50,11 +51,13 @@ DEFAULT_ONLY = {
 @handles("datasets", "test_datasets", "pretraining_dataset")
 def datasets(ctx: Ctx) -> None:
     train: list[dict] = []
-    for key, target, family in (("datasets", "data.train", ctx.method), ("pretraining_dataset", "data.train", "sft"),
+    # a pretraining dataset is read as Axolotl reads it without `rl:`, by the method it then trains (SFT)
+    for key, target, method in (("datasets", "data.train", ctx.method),
+                                ("pretraining_dataset", "data.train", DEFAULT_METHOD),
                                 ("test_datasets", "data.eval", ctx.method)):
         sources = train if target == "data.train" else []
         for prefix, entry in _entries(ctx, key):
-            source = _source(ctx, prefix, entry, family, f"{target}.{len(sources)}", key == "pretraining_dataset")
+            source = _source(ctx, prefix, entry, method, f"{target}.{len(sources)}", key == "pretraining_dataset")
             if source:
                 sources.append(source)
         if sources:
@@ -69,7 +72,7 @@ def _entries(ctx: Ctx, key: str) -> list[tuple[str, Any]]:
     return [(f"{key}.{i}", entry) for i, entry in enumerate(value or [])]
 
 
-def _source(ctx: Ctx, prefix: str, entry: Any, family: str, where: str, pretraining: bool) -> dict | None:
+def _source(ctx: Ctx, prefix: str, entry: Any, method: str, where: str, pretraining: bool) -> dict | None:
     """One Axolotl dataset entry as the ft source at ``where``, each of its keys recorded under ``prefix.<key>``."""
     if not isinstance(entry, dict) or not entry.get("path"):
         ctx.skip(prefix, "a dataset entry needs a `path`")
@@ -77,20 +80,20 @@ def _source(ctx: Ctx, prefix: str, entry: Any, family: str, where: str, pretrain
     source: dict = {"path": _path(ctx, prefix, entry, where)}
     kind = entry.get("type") or ("pretrain" if pretraining else None)
     if kind is not None and misfit(ENTRY_EXPECTED, "type", kind):
-        found = Reading(NEAREST[family])
+        found = Reading(nearest(method))
         ctx.skip(f"{prefix}.type", f"{misfit(ENTRY_EXPECTED, 'type', kind)}. The source is kept with the nearest ft "
                  f"format, `{found.format}`")
     elif isinstance(kind, dict):
-        found = _user_defined(ctx, f"{prefix}.type", kind, family, where)
+        found = _user_defined(ctx, f"{prefix}.type", kind, method, where)
     elif isinstance(kind, str):
-        found = reading(kind, family)
+        found = reading(kind, method)
         if found.missing:
             ctx.skip(f"{prefix}.type", f"{found.missing}. The source is kept with the nearest ft format, "
                      f"`{found.format}`: check its fields")
         else:
             ctx.carry(f"{prefix}.type", (f"{where}.format",), found.note)
     else:
-        found = Reading(NEAREST[family])
+        found = Reading(nearest(method))
         ctx.skip(f"{prefix}.type", "no `type:`: Axolotl reads such a dataset as already tokenized (input_ids, labels); "
                  f"ft tokenizes rows itself. The source is kept with the nearest ft format, `{found.format}`")
     source["format"] = found.format
@@ -124,9 +127,9 @@ def _path(ctx: Ctx, prefix: str, entry: dict, where: str) -> str:
     return path
 
 
-def _user_defined(ctx: Ctx, key: str, spec: dict, family: str, where: str) -> Reading:
+def _user_defined(ctx: Ctx, key: str, spec: dict, method: str, where: str) -> Reading:
     """A ``type:`` mapping (Axolotl's user-defined format): its field names carry, its format strings do not."""
-    fmt = "instruction" if family == "sft" else "preference"
+    fmt = "instruction" if "instruction" in METHODS[method].formats else "preference"
     names = {"instruction": "field_instruction", "input": "field_input", "output": "field_output"} if fmt == \
         "instruction" else {"prompt": "field_prompt", "chosen": "field_chosen", "rejected": "field_rejected"}
     fields = {ft: spec[ax] for ft, ax in names.items() if isinstance(spec.get(ax), str) and spec[ax] != ft}
@@ -252,14 +255,15 @@ def packing(ctx: Ctx) -> None:
     if ctx.has("sample_packing"):
         if not packing_on:
             ctx.same("sample_packing", "data.packing: false")
-        elif ctx.method == "sft":
+        elif "data.packing" in METHODS[ctx.method].reads:
             ctx.put("sample_packing", "data.packing", True, "TRL's packing (bin-fitting whole rows, each attending "
                     "to itself), not Axolotl's multipack sampler")
         else:
-            ctx.skip("sample_packing", f"ft packs SFT rows only; method `{ctx.method}` trains unpacked")
+            packs = " and ".join(name.upper() for name in readers("data.packing"))
+            ctx.skip("sample_packing", f"ft packs {packs} rows only; method `{ctx.method}` trains unpacked")
     if ctx.has("eval_sample_packing"):
         value = ctx.get("eval_sample_packing") is True
-        if packing_on and ctx.method == "sft":
+        if packing_on and "data.packing" in METHODS[ctx.method].reads:
             ctx.train("eval_sample_packing", "eval_packing", value)
         else:
             ctx.off("eval_sample_packing", "no packing in this recipe")
@@ -273,7 +277,7 @@ def packing(ctx: Ctx) -> None:
 def train_on_inputs(ctx: Ctx) -> None:
     if ctx.get("train_on_inputs") is not True:
         ctx.same("train_on_inputs", "data.train_on: assistant")
-    elif ctx.method == "sft":
+    elif METHODS[ctx.method].ft_tokenizes:  # data.train_on shapes the masks of rows ft tokenizes
         ctx.put("train_on_inputs", "data.train_on", "all")
     else:
         ctx.skip("train_on_inputs", f"TRL's `{ctx.method}` trainer puts the loss on completions only")

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..recipe.methods import moved_to_method_section
+from ..recipe.methods import DEFAULT_METHOD, moved_to_method_section
 from ..recipe.train_section import MOVED, method_fields
+from .axolotl_types import family_of
 from .ledger import CARRIED, IGNORED, NOT_CARRIED, Draft, Entry, Ledger
 
 
@@ -23,7 +24,12 @@ class Ctx:
     cfg: dict  # the Axolotl config, without its empty keys
     draft: Draft = field(default_factory=Draft)
     ledger: Ledger = field(default_factory=Ledger)
-    method: str = "sft"  # the ft method the config trains with (decided first, from `rl`)
+    method: str = DEFAULT_METHOD  # the ft method the config trains with (decided first, from `rl`)
+
+    @property
+    def family(self) -> str:
+        """Axolotl's name for the method (``axolotl_types.family_of``)."""
+        return family_of(self.method)
 
     def has(self, key: str) -> bool:
         return key in self.cfg

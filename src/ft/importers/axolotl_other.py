@@ -36,7 +36,7 @@ def plugins(ctx: Ctx) -> None:
             continue
         if LIGER not in names:
             ctx.off(key, "read by the Liger plugin, which this config does not load")
-        elif ctx.get(key) is True and ctx.method in ("sft", "dpo", "kto", "orpo", "grpo"):
+        elif ctx.get(key) is True:  # TRL's trainers of every method take the Liger kernels
             config.update(dict.fromkeys(arguments, True))
             ctx.put(key, "train.liger_kernel_config", config)
         else:

@@ -4,6 +4,7 @@ and the Hub."""
 
 from __future__ import annotations
 
+from ..recipe.methods import METHODS
 from ..recipe.optimizers import optimizer_names, scheduler_names
 from .axolotl_data import has_eval
 from .axolotl_keys import Ctx, handles, number
@@ -282,7 +283,7 @@ DEFAULTS = (
      "launch's default); ft starts one unless launch: says"),
     (("num_epochs", "max_steps"), "train.num_train_epochs", 1, None, "Axolotl trains 1 epoch by default, ft 3"),
     (("sequence_len",), "data.max_length", 512, None, "Axolotl's default sequence_len; ft's is 1024"),
-    (("excess_length_strategy",), "data.truncation", "drop", lambda ctx: ctx.method == "sft",
+    (("excess_length_strategy",), "data.truncation", "drop", lambda ctx: METHODS[ctx.method].ft_tokenizes,
      "Axolotl drops rows longer than sequence_len by default; ft truncates them"),
     (("lora_dropout",), "adapter.dropout", 0.0, _lora, "Axolotl's default lora_dropout; ft's is 0.05"),
     (("gradient_checkpointing", "activation_offloading"), "train.activation_checkpointing", False, None,

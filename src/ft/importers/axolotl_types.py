@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..recipe.methods import METHODS
+
 
 @dataclass(frozen=True)
 class Reading:
@@ -95,13 +97,27 @@ ORPO: dict[str, Reading] = {
 }
 GRPO: dict[str, Reading] = {}  # Axolotl's GRPO types are the user's own transform functions
 
-FAMILIES = {"sft": SFT, "dpo": DPO, "kto": KTO, "orpo": ORPO, "grpo": GRPO}
-NEAREST = {"sft": "chat", "dpo": "preference", "kto": "preference", "orpo": "preference", "grpo": "prompt"}
+# Axolotl's prompt strategies by its trainer family (its own `rl:` names: ``Ctx.family``; "": no `rl:`)
+STRATEGIES = {"": SFT, "dpo": DPO, "kto": KTO, "orpo": ORPO, "grpo": GRPO}
 
 
-def reading(name: str, family: str) -> Reading:
-    """How ft reads rows of Axolotl ``type: name`` in the method family ``family``."""
-    table = FAMILIES[family]
+def family_of(method: str) -> str:
+    """Axolotl's own name for the ft ``method`` (``Method.axolotl``: its trainer family, whose prompt strategies and
+    settings apply); "" for the method Axolotl trains without ``rl:`` (SFT)."""
+    return next(iter(METHODS[method].axolotl), "")
+
+
+def nearest(method: str) -> str:
+    """The ft format a source of ``method`` is kept in when its Axolotl type has no equivalent: the method's usual
+    one."""
+    return METHODS[method].formats[0]
+
+
+def reading(name: str, method: str) -> Reading:
+    """How ft reads rows of Axolotl ``type: name`` for the ft ``method`` (read by the prompt strategies of its Axolotl
+    family)."""
+    family = family_of(method)
+    table = STRATEGIES.get(family, {})
     base = name.split(":")[0]  # `alpaca:chat`: a prompt style of alpaca
     for candidate in (name, base, base.split(".")[0]):
         if candidate in table:
@@ -115,4 +131,4 @@ def reading(name: str, family: str) -> Reading:
     if family == "grpo":
         return _missing("prompt", f"`{name}` is a transform function of your own; ft reads prompt rows as they are "
                         "(a prompt field, an answer and any other fields your rewards read; rename with `fields:`)")
-    return _missing(NEAREST[family], f"`{name}` is an Axolotl prompt strategy ft has no equivalent for")
+    return _missing(nearest(method), f"`{name}` is an Axolotl prompt strategy ft has no equivalent for")

@@ -1,18 +1,17 @@
 """The ``launch:`` and ``distributed:`` sections: how many processes a run has, and how they share the model.
 
-``launch:`` says how many processes to start and where they meet (``ft train`` starts them, ``ft.launch``; the CLI's
+``launch:`` says how many processes to start and where they meet (``ft train`` starts them, ``ft.run.launch``; the CLI's
 ``--num-processes``, ``--nnodes``, ``--node-rank``, ``--master-addr``, ``--master-port`` and ``--rdzv-endpoint``
 override the keys of the same names). ``distributed:`` says what the processes do with the model: ``ddp`` (a full
 copy per process, gradients all-reduced: the Trainer's default), ``fsdp`` (FSDP2: parameters, gradients and
 optimizer state sharded) or ``deepspeed`` (ZeRO stage 1/2/3). ``ft.trainers.distributed.training_args`` maps it to
 TrainingArguments (``docs/distributed.md`` has the table). Validation imports nothing heavy; the cross-field rules
-(with their key paths) are in ``recipe.rules``.
+(with their key paths) are in ``recipe.rules``, and what a recipe asks of the processes in ``recipe.processes``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -22,10 +21,6 @@ from pydantic import Field, NonNegativeInt, PositiveInt, StrictBool, StrictStr, 
 from .base import Section, resolve_input_path
 
 _ENDPOINT = re.compile(r"[^\s:/]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")  # host:port, or [IPv6]:port
-
-# the environment variables that say how many processes a run has: the count ``ft train --num-processes`` (or
-# ``auto``, resolved) exports in the launching process before it validates, and torchrun's / accelerate's in a rank
-FT_NUM_PROCESSES = "FT_NUM_PROCESSES"
 
 
 def _endpoint(value: Optional[str]) -> Optional[str]:
@@ -123,23 +118,6 @@ class DistributedSection(Section):
         return self.deepspeed or DeepSpeedSettings()
 
 
-# --- what a recipe asks of the processes (read by the rules, the machine checks and the builders) ---------------
-
-
-def written(recipe) -> bool:
-    """True when the recipe has a ``distributed:`` section of its own (not the default)."""
-    return "distributed" in recipe.model_fields_set
-
-
-def uses_fsdp(recipe) -> bool:
-    """FSDP, through ``distributed.kind`` or a ``train.fsdp`` of the recipe's own."""
-    return recipe.distributed.kind == "fsdp" or bool(recipe.train_args.get("fsdp"))
-
-
-def uses_deepspeed(recipe) -> bool:
-    return recipe.distributed.kind == "deepspeed" or bool(recipe.train_args.get("deepspeed"))
-
-
 def deepspeed_config_file(value) -> dict | None:
     """A DeepSpeed config given as a mapping, or read from its JSON file; None when the file cannot be read."""
     if isinstance(value, dict):
@@ -149,52 +127,3 @@ def deepspeed_config_file(value) -> dict | None:
     except (OSError, ValueError, TypeError):
         return None
     return loaded if isinstance(loaded, dict) else None
-
-
-def zero_stage(recipe) -> int | None:
-    """The ZeRO stage a DeepSpeed recipe trains with (None: no DeepSpeed, or a config whose stage is unknown)."""
-    if recipe.distributed.kind == "deepspeed":
-        settings = recipe.distributed.deepspeed_settings
-        if settings.config is None:
-            return settings.stage or 2
-        config = deepspeed_config_file(settings.config)
-    elif recipe.train_args.get("deepspeed"):
-        config = deepspeed_config_file(recipe.train_args["deepspeed"])
-    else:
-        return None
-    stage = ((config or {}).get("zero_optimization") or {}).get("stage", 0)
-    return stage if isinstance(stage, int) else None
-
-
-def declared_processes(recipe) -> int | None:
-    """How many processes this run has, as far as validation can tell: WORLD_SIZE inside a rank (torchrun,
-    accelerate, ``ft train --num-processes``); ``FT_NUM_PROCESSES`` in the ``ft train`` that is about to start them;
-    else the recipe's ``launch:`` (num_processes × nnodes); else 1. None when ``launch.num_processes: auto`` is all
-    there is (the visible GPUs, unknown until ``ft train`` looks)."""
-    for name in ("WORLD_SIZE", FT_NUM_PROCESSES):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    launch = getattr(recipe, "launch", None)
-    if launch is None:
-        return 1
-    if launch.num_processes == "auto":
-        return None
-    return launch.num_processes * launch.nnodes
-
-
-def process_count(recipe) -> int:
-    """The number of processes the rules that involve processes see (``declared_processes``; 1 when unknown)."""
-    return declared_processes(recipe) or 1
-
-
-def process_source(recipe) -> str:
-    """Where ``process_count`` comes from, for messages: ``WORLD_SIZE=2``, ``--num-processes 2``, ``launch:``."""
-    for name in ("WORLD_SIZE", FT_NUM_PROCESSES):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return f"WORLD_SIZE={value}" if name == "WORLD_SIZE" else f"--num-processes {value}"
-    launch = getattr(recipe, "launch", None)
-    if launch is not None and launch.nnodes > 1:
-        return f"launch.num_processes {launch.num_processes} × launch.nnodes {launch.nnodes}"
-    return f"launch.num_processes {launch.num_processes}" if launch is not None else "no `launch:`, no WORLD_SIZE"

@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .errors import Problem, RecipeError, did_you_mean
-from .methods import METHODS, moved_to_method_section
+from .methods import DEFAULT_METHOD, METHODS, moved_to_method_section
+from .processes import Processes
 from .redact import REDACTED, SECRET_KEY
 from .rules import check_rules
 from .schema import Recipe, recipe_model
@@ -38,14 +39,16 @@ class LoadedRecipe:
         return RecipeError(located, str(self.source))
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> LoadedRecipe:
-    """Read, merge, override and validate a recipe. Raises ``RecipeError`` listing every problem."""
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), processes: Processes | None = None) -> LoadedRecipe:
+    """Read, merge, override and validate a recipe. Raises ``RecipeError`` listing every problem. ``processes``: the
+    process count the command knows (``ft train --num-processes``, a rank's world size) for the rules that involve
+    processes; None leaves it to the recipe's ``launch:``."""
     path = Path(path)
     raw, locations = read_merged(path)
     for item in overrides:
         _apply_set(raw, locations, item, str(path))
     _default_output_dir(raw, path)
-    recipe, warnings = validate(raw, locations, base_dir=path.resolve().parent, source=str(path))
+    recipe, warnings = validate(raw, locations, base_dir=path.resolve().parent, source=str(path), processes=processes)
     return LoadedRecipe(recipe, warnings, path, locations)
 
 
@@ -123,8 +126,11 @@ def _apply_set(raw: dict, locations: Locations, item: str, source: str) -> None:
     locations[tuple(parts)] = where
 
 
-def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "") -> tuple[Recipe, list[Problem]]:
-    method = "sft" if raw.get("method") is None else raw["method"]  # `method: null` is the default too
+def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "",
+             processes: Processes | None = None) -> tuple[Recipe, list[Problem]]:
+    """The Recipe of ``raw`` (a recipe read as YAML, ``extends:`` and ``--set`` applied) and its warnings; raises
+    ``RecipeError`` with every problem, located by ``locations``."""
+    method = DEFAULT_METHOD if raw.get("method") is None else raw["method"]  # `method: null` is the default too
     if not isinstance(method, str) or method not in METHODS:
         hint = did_you_mean(method, METHODS)
         raise RecipeError([Problem("method", f"got {method!r}; allowed: {', '.join(METHODS)}.{hint}",
@@ -135,7 +141,7 @@ def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "") 
     except ValidationError as exc:
         problems = [_problem(err, cls, locations) for err in exc.errors()]
         raise RecipeError(sorted(problems, key=_line_order), source) from None
-    problems = check_rules(recipe)
+    problems = check_rules(recipe, processes)
     located = [Problem(p.path, p.message, p.where or _where(p.path, locations), p.level) for p in problems]
     if any(p.level == "error" for p in located):
         raise RecipeError(located, source)

@@ -1,10 +1,13 @@
 """The training methods: one declarative table (``METHODS``), and the sections of the methods that have settings
 of their own (``dpo:``, ``grpo:``, ``kto:``, ``orpo:``).
 
-``METHODS`` is what the rest of ft knows about a method: the recipe schema (``method:`` and the method sections),
-the rules (which data formats it trains on), the data pipeline (whether ft tokenizes its rows) and
-``scripts/gen_train_fields.py`` (its TRL config class) all read it. Its trainer is built by the module named
-after it, ``ft.trainers.<method>``.
+A method is its entry here and its trainer module, ``ft.trainers.<method>``; nothing else in ft lists methods. The
+entry holds every fact the rest of ft needs: the recipe schema (``method:`` and the method sections), the rules
+(which data formats it trains on, which method-only keys it reads), the data pipeline (whether ft tokenizes its
+rows), ``scripts/gen_train_fields.py`` (its TRL config class), summary.json's headline and the console line (its
+headline figures), ``ft plan`` (sequences per row, a reference copy, the fused LM head), ``--smoke`` (whether it
+generates) and ``ft import axolotl`` (Axolotl's names for it). ``tests/test_layout.py`` fails when another module
+keeps a list of methods of its own.
 
 Each section's fields map onto the method's TRL config fields (``CONFIG_FIELDS``): those TRL fields are rejected
 under ``train:`` with a pointer to the section, so every setting has exactly one home, and the method's builder
@@ -33,10 +36,12 @@ def trl_default(method: str, name: str):
 class MethodSection(Section):
     """A method's own settings. ``CONFIG_FIELDS`` (section field -> TRL config field) are the TRL fields it owns:
     they are refused under ``train:`` with a pointer here, and the method's builder passes each one on.
-    ``CONFIG_MOVED`` names more TRL fields refused under ``train:`` whose value comes from elsewhere."""
+    ``CONFIG_MOVED`` names more TRL fields refused under ``train:`` whose value comes from elsewhere. A section with
+    required keys must be written when its method is chosen (``EXAMPLE`` shows them in that error)."""
 
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {}
     CONFIG_MOVED: ClassVar[dict[str, str]] = {}
+    EXAMPLE: ClassVar[str] = ""  # a value for the section's required keys, for the error when the section is missing
 
 
 class DpoSection(MethodSection):
@@ -87,6 +92,7 @@ class GrpoSection(MethodSection):
     rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
 
     CONFIG_MOVED: ClassVar[dict[str, str]] = {"reward_weights": "grpo.rewards[].weight"}
+    EXAMPLE: ClassVar[str] = "[{name: exact_match}]"
 
 
 class KtoSection(MethodSection):
@@ -107,22 +113,52 @@ class OrpoSection(MethodSection):
 
 
 @dataclass(frozen=True)
+class Headline:
+    """A figure that shows what a method did: ``name`` in summary.json's ``headline``, the trainer's log ``key`` it is
+    read from, and its ``label`` on the console's training line (None: not there; the loss has a place of its own)."""
+
+    name: str
+    key: str
+    label: str | None = None
+
+
+# recipe keys that only some methods read: each Method lists those it reads (``reads``), and the rules refuse one in a
+# recipe whose method does not, naming the methods that do
+ONLY_SOME = ("data.packing", "train.neftune_noise_alpha", "loss", "metrics")
+
+
+@dataclass(frozen=True)
 class Method:
-    """What ft knows about one training method (its trainer is built by ``ft.trainers.<name>``)."""
+    """Everything ft knows about one training method; its trainer is built by ``ft.trainers.<name>``."""
 
     section: type[MethodSection] | None  # its own recipe section, named after the method; None: no settings
-    formats: frozenset[str]  # the data formats (``data.*.format``) it trains on
+    formats: tuple[str, ...]  # the data formats (``data.*.format``) it trains on; the first is its usual one
     config: str  # its TRL config class, ``module:Class`` (imported only by ``ft train`` and the field generator)
     ft_tokenizes: bool  # True: ft tokenizes and masks the rows itself; False: TRL's trainer tokenizes canonical rows
+    headlines: tuple[Headline, ...] = ()  # summary.json's headline and the console's training line, in this order
+    reads: frozenset[str] = frozenset()  # the keys of ``ONLY_SOME`` this method reads
+    generates: bool = False  # samples completions while training: its batches count completions, rewards score them
+    sequences_per_row: int = 1  # sequences one row puts through the model together (chosen and rejected: 2)
+    reference_copy: bool = False  # a full fine-tune keeps a frozen copy of the start model as its reference
+    fused_lm_head: bool = False  # on an accelerator TRL scores the LM head in tiles, never the full logits
+    axolotl: tuple[str, ...] = ()  # Axolotl's ``rl:`` values that train this method
 
 
-_PREFERENCE = frozenset({"preference"})
+_ACCURACY = Headline("reward_accuracy", "rewards/accuracies", "acc")
+_MARGIN = Headline("reward_margin", "rewards/margins", "margin")
+DEFAULT_METHOD = "sft"
 METHODS: dict[str, Method] = {
-    "sft": Method(None, frozenset({"chat", "instruction", "text"}), "trl:SFTConfig", ft_tokenizes=True),
-    "dpo": Method(DpoSection, _PREFERENCE, "trl:DPOConfig", ft_tokenizes=False),
-    "grpo": Method(GrpoSection, frozenset({"prompt"}), "trl:GRPOConfig", ft_tokenizes=False),
-    "kto": Method(KtoSection, _PREFERENCE, "trl:KTOConfig", ft_tokenizes=False),
-    "orpo": Method(OrpoSection, _PREFERENCE, "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False),
+    "sft": Method(None, ("chat", "instruction", "text"), "trl:SFTConfig", ft_tokenizes=True,
+                  headlines=(Headline("token_accuracy", "mean_token_accuracy", "acc"), Headline("loss", "loss")),
+                  reads=frozenset(ONLY_SOME), fused_lm_head=True),
+    "dpo": Method(DpoSection, ("preference",), "trl:DPOConfig", ft_tokenizes=False, headlines=(_ACCURACY, _MARGIN),
+                  sequences_per_row=2, reference_copy=True, axolotl=("dpo", "ipo")),
+    "grpo": Method(GrpoSection, ("prompt",), "trl:GRPOConfig", ft_tokenizes=False,
+                   headlines=(Headline("reward", "reward", "reward"),), generates=True, axolotl=("grpo", "gdpo")),
+    "kto": Method(KtoSection, ("preference",), "trl:KTOConfig", ft_tokenizes=False, headlines=(_MARGIN,),
+                  reference_copy=True, axolotl=("kto",)),
+    "orpo": Method(OrpoSection, ("preference",), "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False,
+                   headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",)),
 }
 METHOD_SECTIONS: dict[str, type[MethodSection]] = {name: m.section for name, m in METHODS.items() if m.section}
 
@@ -134,3 +170,8 @@ def moved_to_method_section(method: str) -> dict[str, str]:
         return {}
     moved = {trl: f"{method}.{field}" for field, trl in section.CONFIG_FIELDS.items()}
     return {**moved, **section.CONFIG_MOVED}
+
+
+def readers(key: str) -> list[str]:
+    """The methods that read ``key`` (one of ``ONLY_SOME``)."""
+    return [name for name, method in METHODS.items() if key in method.reads]

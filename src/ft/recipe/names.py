@@ -2,7 +2,7 @@
 
 Validation must not import torch, datasets or TRL, so the schema cannot read the registries that implement these
 names (``ft.data.formats.FORMATS``, ``ft.trainers.metrics.METRICS``, ``ft.trainers.callbacks.BUILTIN``,
-``ft.rewards.BUILTINS``). The names live here instead, and ``tests/test_registries.py`` checks that each list
+``ft.trainers.rewards.BUILTINS``). The names live here instead, and ``tests/test_methods.py`` checks that each list
 equals its registry's keys, so neither can gain or lose a name alone.
 """
 

@@ -1,13 +1,12 @@
 """What each transformers optimizer needs, as data (no torch): read by the rules (``recipe.rules``), the machine
-checks (``ft.hardware``) and the trainer builder.
+checks (``ft.run.hardware``) and the trainer builder.
 
 Names are transformers' ``optim`` values (read from the generated field table, so a new transformers release
 brings its new names; a name missing from ``TRAITS`` is taken to need nothing, and ``tests/test_optimizers.py``
 trains every name, so such a name is caught if that is wrong).
 
-Verified by training the tiny model a few steps with every name (``tests/test_optimizers.py``) on a CPU-only machine
-with torch 2.13.0+cpu, transformers 5.24.0, bitsandbytes 0.50.2, galore-torch 1.0, lomo-optim 0.1.1,
-schedulefree 1.4.1, apollo-torch 1.0.3, grokadamw 0.1.2, torch-optimi 0.3.3 and torchao 0.18.0:
+Verified by training the tiny model a few steps with every name (``tests/test_optimizers.py``) on a CPU-only machine,
+with the optimizer packages docs/optimizers.md lists by version:
 
 - CUDA-only (fail on a CPU-only torch): ``adalomo`` (``AdaLomo.__init__`` puts its state on ``.cuda()``),
   ``galore_adamw_8bit`` and ``galore_adamw_8bit_layerwise`` (``GaLoreAdamW8bit.step`` calls
@@ -18,7 +17,7 @@ schedulefree 1.4.1, apollo-torch 1.0.3, grokadamw 0.1.2, torch-optimi 0.3.3 and 
   ``stable_adamw`` (with ``triton=False`` where a CPU machine has Triton installed: ``hardware.optimizer_defaults``)
   and torchao's ``adamw_torch_4bit``/``8bit`` (compiled with ``torch.compile``: a C++ compiler on the machine;
   torchao is installed by hand, see ``PACKAGES``).
-- Cannot be built by transformers 5.24 on any machine: ``galore_adafactor_layerwise`` (``unbuildable``).
+- Cannot be built by the tested transformers on any machine: ``galore_adafactor_layerwise`` (``unbuildable``).
 - Platform packages ft does not install: ``torch-xla`` (TPUs), ``torch-npu`` (Ascend NPUs), ``torchdistx`` (not on
   PyPI); those names are refused with the reason when the package is absent.
 
@@ -60,9 +59,9 @@ PACKAGES: dict[str, Package] = {
     "grokadamw": Package("grokadamw", "ft[optim]"),
     "torch-optimi": Package("optimi", "ft[optim]"),
     # an extra, not a dependency: while it is importable, accelerate's AcceleratedOptimizer.step looks it up twice
-    # per step, whatever the optimizer (two importlib.metadata reads, ~1 ms a step on a CPU)
+    # per step, whatever the optimizer (two importlib.metadata reads; measured in benchmarks/README.md)
     "lomo-optim": Package("lomo_optim", "ft[optim]"),
-    # installed, transformers imports torchao on every model load (~2 s and log noise on CPU): not in ft[optim]
+    # installed, transformers imports torchao on every model load (seconds, and log noise, on a CPU): not in ft[optim]
     "torchao": Package("torchao", "pip", "PyTorch's low-bit optimizers, compiled with torch.compile"),
     "torch-xla": Package("torch_xla", "", "the PyTorch/XLA runtime for Google TPUs"),
     "torch-npu": Package("torch_npu", "", "the PyTorch adapter for Huawei Ascend NPUs"),

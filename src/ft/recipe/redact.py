@@ -1,11 +1,12 @@
-"""The resolved recipe as YAML, with secrets (tokens, API keys, passwords) replaced."""
+"""Secrets in recipe values: which keys name credentials, and a value with them replaced.
+
+Pure functions over plain data: the resolved recipe (``recipe.resolved``), the rules, the importers and the resume
+command (``ft.outputs.checkpoints``) all redact with these.
+"""
 
 from __future__ import annotations
 
 import re
-
-from .schema import Recipe
-from .yaml_io import dump_yaml
 
 # names of credentials, not of vocabulary tokens (eos_token, max_new_tokens stay visible)
 SECRET_KEY = re.compile(
@@ -17,6 +18,7 @@ REDACTED = "<redacted>"
 
 
 def redact(value, key: str = ""):
+    """``value`` (YAML data) with every value under a credential-named key replaced by ``REDACTED``."""
     if isinstance(value, dict):
         return {k: redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -24,14 +26,3 @@ def redact(value, key: str = ""):
     if value is not None and SECRET_KEY.search(key) and not isinstance(value, bool):
         return REDACTED
     return value
-
-
-def resolved_dict(recipe: Recipe) -> dict:
-    """All sections with their defaults; ``train:`` only with the keys the recipe set."""
-    data = recipe.model_dump(mode="json", exclude={"train"}, by_alias=True)  # `class:`, as the recipe writes it
-    data["train"] = recipe.train_args
-    return data
-
-
-def resolved_recipe_yaml(recipe: Recipe) -> str:
-    return dump_yaml(redact(resolved_dict(recipe)))

@@ -1,33 +1,40 @@
-"""Cross-field rules. Each is a small named function returning the problems it finds, with the
-sentence of the transformers/TRL documentation (or the reason) it enforces in its docstring.
+"""Cross-field rules. Each is a small named function of the validated ``Recipe`` returning the problems it finds,
+with the sentence of the transformers/TRL documentation (or the reason) it enforces in its docstring.
 ``check_rules`` runs them all; the loader attaches file:line to each problem.
 
 Rules here need no hardware knowledge and import nothing heavy; the rules that depend on the machine
-(CUDA-only optimizers, 4-bit loading, bf16 support, process count) live in ``ft.hardware`` and run at
-the start of ``ft train``, before any model or data loads.
+(CUDA-only optimizers, 4-bit loading, bf16 support) live in ``ft.run.hardware`` and run at the start of
+``ft train``, before any model or data loads. The few rules that involve the run's processes also take the count the
+command knows (``recipe.processes.Processes``: ``ft train --num-processes``, or a rank's world size).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from .adapter import SHAPE_KEYS
-from .distributed import (
+from .distributed import deepspeed_config_file
+from .errors import Problem, did_you_mean
+from .hub import HUB_SETTINGS, PUSHING
+from .methods import METHOD_SECTIONS, METHODS, readers
+from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
+from .processes import (
+    Processes,
     declared_processes,
-    deepspeed_config_file,
     process_count,
     process_source,
     uses_deepspeed,
     written,
     zero_stage,
 )
-from .errors import Problem, did_you_mean
-from .methods import METHOD_SECTIONS, METHODS
-from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
-from .train_section import method_fields
+from .redact import SECRET_KEY
+from .schema import Recipe
 
-Rule = Callable[[object], list[Problem]]
+Rule = Callable[[Recipe], list[Problem]]
+ProcessRule = Callable[[Recipe, "Processes | None"], list[Problem]]
 RULES: list[Rule] = []
+PROCESS_RULES: list[ProcessRule] = []  # rules that involve the run's processes: they also take the command's count
 
 
 def rule(fn: Rule) -> Rule:
@@ -35,18 +42,19 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
-def check_rules(recipe) -> list[Problem]:
-    return [problem for fn in RULES for problem in fn(recipe)]
+def process_rule(fn: ProcessRule) -> ProcessRule:
+    PROCESS_RULES.append(fn)
+    return fn
 
 
-def effective(recipe, key: str):
-    """A ``train:`` value as the trainer will see it: the recipe's, else TRL's default."""
-    args = recipe.train_args
-    return args[key] if key in args else method_fields(recipe.method)[key]["default"]
+def check_rules(recipe: Recipe, processes: Processes | None = None) -> list[Problem]:
+    """Every rule's problems; ``processes`` is the process count the command knows (None: the recipe's ``launch:``)."""
+    return ([problem for fn in RULES for problem in fn(recipe)]
+            + [problem for fn in PROCESS_RULES for problem in fn(recipe, processes)])
 
 
-def evaluates(recipe) -> bool:
-    return effective(recipe, "eval_strategy") != "no"
+def evaluates(recipe: Recipe) -> bool:
+    return recipe.effective("eval_strategy") != "no"
 
 
 def error(path: str, message: str) -> list[Problem]:
@@ -61,9 +69,9 @@ def warning(path: str, message: str) -> list[Problem]:
 
 
 @rule
-def eval_on_start_needs_eval(recipe) -> list[Problem]:
+def eval_on_start_needs_eval(recipe: Recipe) -> list[Problem]:
     """"eval_on_start requires a valid eval_strategy (e.g. "epoch") and an evaluation dataset."""
-    if not effective(recipe, "eval_on_start"):
+    if not recipe.effective("eval_on_start"):
         return []
     missing = [what for what, ok in (("`train.eval_strategy` (steps or epoch)", evaluates(recipe)),
                                      ("an eval dataset (`data.eval`)", recipe.data.has_eval)) if not ok]
@@ -73,16 +81,16 @@ def eval_on_start_needs_eval(recipe) -> list[Problem]:
 
 
 @rule
-def eval_strategy_needs_eval_data(recipe) -> list[Problem]:
+def eval_strategy_needs_eval_data(recipe: Recipe) -> list[Problem]:
     """Evaluation during training reads the eval dataset; without one the Trainer fails at the first eval."""
     if evaluates(recipe) and not recipe.data.has_eval:
-        return error("train.eval_strategy", f"is {effective(recipe, 'eval_strategy')!r} but the recipe has no "
+        return error("train.eval_strategy", f"is {recipe.effective('eval_strategy')!r} but the recipe has no "
                      "`data.eval` sources; add some or set `train.eval_strategy: 'no'`.")
     return []
 
 
 @rule
-def greedy_scheduler_needs_eval(recipe) -> list[Problem]:
+def greedy_scheduler_needs_eval(recipe: Recipe) -> list[Problem]:
     """"GreedyLR requires evaluation during training. Set eval_strategy to "steps" or "epoch"."""
     if recipe.scheduler.type == "greedy" and not evaluates(recipe):
         return error("scheduler.type", "`greedy` adapts the learning rate from evaluation results, so it needs "
@@ -91,7 +99,7 @@ def greedy_scheduler_needs_eval(recipe) -> list[Problem]:
 
 
 @rule
-def eval_accumulation_needs_eval(recipe) -> list[Problem]:
+def eval_accumulation_needs_eval(recipe: Recipe) -> list[Problem]:
     """eval_accumulation_steps moves predictions to the CPU every N evaluation batches: it only acts
     when there is evaluation."""
     if recipe.train_args.get("eval_accumulation_steps") and not evaluates(recipe):
@@ -100,14 +108,24 @@ def eval_accumulation_needs_eval(recipe) -> list[Problem]:
     return []
 
 
+@rule
+def exact_match_needs_held_out_rows(recipe: Recipe) -> list[Problem]:
+    """The exact match scores held-out rows: the recipe's evaluation data, or the setting's own source."""
+    settings = recipe.data.eval_exact_match
+    if settings is not None and settings.source is None and not recipe.data.has_eval:
+        return error("data.eval_exact_match", "scores held-out prompts, and the recipe has no `data.eval`; add one, or "
+                     "give `data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
+    return []
+
+
 # --- checkpoints ------------------------------------------------------------------------------------
 
 
 @rule
-def save_best_needs_metric(recipe) -> list[Problem]:
+def save_best_needs_metric(recipe: Recipe) -> list[Problem]:
     """save_strategy "best" saves "when a new best metric is achieved": it needs metric_for_best_model
     and evaluation that produces it."""
-    if effective(recipe, "save_strategy") != "best":
+    if recipe.effective("save_strategy") != "best":
         return []
     problems = []
     if not recipe.train_args.get("metric_for_best_model"):
@@ -119,20 +137,20 @@ def save_best_needs_metric(recipe) -> list[Problem]:
 
 
 @rule
-def load_best_needs_matching_strategies(recipe) -> list[Problem]:
+def load_best_needs_matching_strategies(recipe: Recipe) -> list[Problem]:
     """load_best_model_at_end: "the save strategy needs to be the same as the evaluation strategy, and
     in the case of steps, save_steps must be a round multiple of eval_steps"."""
     if not recipe.train_args.get("load_best_model_at_end"):
         return []
-    save, evaluation = effective(recipe, "save_strategy"), effective(recipe, "eval_strategy")
+    save, evaluation = recipe.effective("save_strategy"), recipe.effective("eval_strategy")
     if evaluation == "no":
         return error("train.load_best_model_at_end", "needs evaluation: set `train.eval_strategy` and `data.eval`.")
     if save not in (evaluation, "best"):
         return error("train.load_best_model_at_end", f"needs `train.save_strategy` ({save!r}) to equal "
                      f"`train.eval_strategy` ({evaluation!r}).")
     if save == "steps":
-        save_steps = effective(recipe, "save_steps")
-        eval_steps = recipe.train_args.get("eval_steps") or effective(recipe, "logging_steps")
+        save_steps = recipe.effective("save_steps")
+        eval_steps = recipe.train_args.get("eval_steps") or recipe.effective("logging_steps")
         if save_steps % eval_steps:
             return error("train.save_steps", f"({save_steps}) must be a multiple of `train.eval_steps` "
                          f"({eval_steps}) when load_best_model_at_end is set.")
@@ -140,7 +158,7 @@ def load_best_needs_matching_strategies(recipe) -> list[Problem]:
 
 
 @rule
-def save_only_model_restarts_optimizer(recipe) -> list[Problem]:
+def save_only_model_restarts_optimizer(recipe: Recipe) -> list[Problem]:
     """"Resuming from a checkpoint requires the optimizer and scheduler state files … If they are
     missing (e.g. with save_only_model=True) the optimizer starts from scratch.\""""
     if recipe.train_args.get("save_only_model"):
@@ -153,10 +171,10 @@ def save_only_model_restarts_optimizer(recipe) -> list[Problem]:
 
 
 @rule
-def worker_options_need_workers(recipe) -> list[Problem]:
+def worker_options_need_workers(recipe: Recipe) -> list[Problem]:
     """"Both dataloader_persistent_workers and dataloader_prefetch_factor require
     dataloader_num_workers > 0.\""""
-    if effective(recipe, "dataloader_num_workers") > 0:
+    if recipe.effective("dataloader_num_workers") > 0:
         return []
     args = recipe.train_args
     return [Problem(f"train.{key}", "needs `train.dataloader_num_workers` > 0 (worker processes to keep "
@@ -168,7 +186,7 @@ def worker_options_need_workers(recipe) -> list[Problem]:
 
 
 @rule
-def projection_optimizers_need_targets(recipe) -> list[Problem]:
+def projection_optimizers_need_targets(recipe: Recipe) -> list[Problem]:
     """GaLore / APOLLO: "specify the target modules with optim_target_modules"."""
     name = recipe.optimizer.name
     if traits(name).needs_target_modules and not recipe.optimizer.target_modules:
@@ -177,8 +195,8 @@ def projection_optimizers_need_targets(recipe) -> list[Problem]:
     return []
 
 
-@rule
-def layerwise_optimizer_limits(recipe) -> list[Problem]:
+@process_rule
+def layerwise_optimizer_limits(recipe: Recipe, processes: Processes | None) -> list[Problem]:
     """"Layerwise mode is experimental. It works on a single GPU only, does not support DDP, and
     gradient clipping or DeepSpeed may not work.\""""
     name = recipe.optimizer.name
@@ -196,11 +214,13 @@ def layerwise_optimizer_limits(recipe) -> list[Problem]:
         problems += error("distributed.kind", f"`{name}` runs on a single process only, and `distributed.kind: "
                           f"{recipe.distributed.kind}` shards the model over several; remove `distributed:` or "
                           "choose a non-layerwise optimizer.")
-    if process_count(recipe) > 1:
+    count = process_count(recipe, processes)
+    if count > 1:
         problems += error("optimizer.name", f"`{name}` works on a single process only (transformers: layerwise "
-                          f"mode \"does not support DDP\"), and this run has {process_count(recipe)} processes "
-                          f"({process_source(recipe)}); launch one process or choose a non-layerwise optimizer.")
-    if effective(recipe, "gradient_accumulation_steps") > 1:  # transformers: "does not support gradient accumulation"
+                          f"mode \"does not support DDP\"), and this run has {count} processes "
+                          f"({process_source(recipe, processes)}); launch one process or choose a non-layerwise "
+                          "optimizer.")
+    if recipe.effective("gradient_accumulation_steps") > 1:  # transformers: "does not support gradient accumulation"
         problems += error("train.gradient_accumulation_steps", f"`{name}` steps each layer as soon as its gradient "
                           "is ready, so there is nothing to accumulate; set it to 1 (raise "
                           "`train.per_device_train_batch_size` instead) or choose a non-layerwise optimizer.")
@@ -208,14 +228,14 @@ def layerwise_optimizer_limits(recipe) -> list[Problem]:
 
 
 @rule
-def optimizer_transformers_can_build(recipe) -> list[Problem]:
+def optimizer_transformers_can_build(recipe: Recipe) -> list[Problem]:
     """A name transformers accepts but cannot build fails only once the model has loaded; refuse it up front."""
     why = traits(recipe.optimizer.name).unbuildable
     return error("optimizer.name", f"transformers cannot build `{recipe.optimizer.name}`: {why}") if why else []
 
 
 @rule
-def optimizer_args_reach_the_optimizer(recipe) -> list[Problem]:
+def optimizer_args_reach_the_optimizer(recipe: Recipe) -> list[Problem]:
     """``optimizer.args`` become transformers' ``optim_args`` ("k=v,k=v"), of which each optimizer's handler reads a
     few keys and drops the rest without a word; every key must be one it reads, and every value one that survives
     the text form and is read as written."""
@@ -252,7 +272,7 @@ def _survives_text(value) -> bool:
 
 
 @rule
-def schedule_free_wants_constant(recipe) -> list[Problem]:
+def schedule_free_wants_constant(recipe: Recipe) -> list[Problem]:
     """Schedule-free: "pair with lr_scheduler_type="constant". Other schedules work but affect the
     intended behaviour.\""""
     if traits(recipe.optimizer.name).schedule_free and recipe.scheduler.type not in ("constant",
@@ -263,12 +283,12 @@ def schedule_free_wants_constant(recipe) -> list[Problem]:
 
 
 @rule
-def lomo_without_clipping(recipe) -> list[Problem]:
+def lomo_without_clipping(recipe: Recipe) -> list[Problem]:
     """"AdaLomo works better without grad_norm, which improves performance and throughput." And LOMO and AdaLomo
     update each parameter inside backward and free its gradient, so the Trainer's clipping finds none (grad_norm
     logs 0.0): max_grad_norm does nothing there."""
     name = recipe.optimizer.name
-    if name in ("lomo", "adalomo") and effective(recipe, "max_grad_norm"):
+    if name in ("lomo", "adalomo") and recipe.effective("max_grad_norm"):
         return warning("train.max_grad_norm", f"`{name}` updates each parameter inside backward and frees its "
                        "gradient, so the Trainer's gradient clipping finds nothing to clip (and AdaLomo works better "
                        "without it); set `train.max_grad_norm: 0`.")
@@ -279,7 +299,7 @@ def lomo_without_clipping(recipe) -> list[Problem]:
 
 
 @rule
-def quantization_needs_adapter(recipe) -> list[Problem]:
+def quantization_needs_adapter(recipe: Recipe) -> list[Problem]:
     """Quantized weights cannot be trained directly: "you can only train adapters on top of a
     quantized model" (PEFT/bitsandbytes docs). QLoRA = 4-bit base + LoRA adapter."""
     if recipe.model.quantization is not None and recipe.adapter is None:
@@ -289,9 +309,9 @@ def quantization_needs_adapter(recipe) -> list[Problem]:
 
 
 @rule
-def data_formats_fit_method(recipe) -> list[Problem]:
-    """Each method reads one family of formats (SFT: chat/instruction/text; DPO/KTO/ORPO: preference;
-    GRPO: prompt)."""
+def data_formats_fit_method(recipe: Recipe) -> list[Problem]:
+    """Each method reads one family of formats (``Method.formats``: SFT chat/instruction/text; DPO/KTO/ORPO
+    preference; GRPO prompt)."""
     allowed = METHODS[recipe.method].formats
     return [
         Problem(f"data.{split}.{i}.format", f"`{source.format}` data cannot train method `{recipe.method}`; "
@@ -302,32 +322,42 @@ def data_formats_fit_method(recipe) -> list[Problem]:
     ]
 
 
+def _not_read(recipe: Recipe, key: str) -> str | None:
+    """None when the recipe's method reads ``key`` (one of ``methods.ONLY_SOME``), else the methods that do, as
+    ``sft`` or ``sft` or `cpo`` (inside backquotes)."""
+    if key in METHODS[recipe.method].reads:
+        return None
+    return "` or `".join(readers(key))
+
+
 @rule
-def packing_is_sft_only(recipe) -> list[Problem]:
+def packing_is_sft_only(recipe: Recipe) -> list[Problem]:
     """Packing concatenates independent rows into one sequence; only SFT can train on that."""
-    if recipe.data.packing and recipe.method != "sft":
-        return error("data.packing", f"packing is only for method `sft`, not `{recipe.method}`; "
+    methods = _not_read(recipe, "data.packing") if recipe.data.packing else None
+    if methods is not None:
+        return error("data.packing", f"packing is only for method `{methods}`, not `{recipe.method}`; "
                      "set `data.packing: false`.")
     return []
 
 
 @rule
-def neftune_is_sft_only(recipe) -> list[Problem]:
+def neftune_is_sft_only(recipe: Recipe) -> list[Problem]:
     """NEFTune is "a new technique for enhancing supervised fine-tuning" (transformers PR #27141), and Trainer.train
     applies it to any method: with DPO/KTO on a LoRA adapter it perturbs the reference log-probs too (the reference
     pass is the same model with the adapter off), and with GRPO it perturbs generation (noise alpha/sqrt(d) on every
     decoded token)."""
-    if recipe.train_args.get("neftune_noise_alpha") and recipe.method != "sft":
-        return error("train.neftune_noise_alpha", f"NEFTune (noisy input embeddings) is for method `sft`; with "
+    methods = _not_read(recipe, "train.neftune_noise_alpha") if recipe.train_args.get("neftune_noise_alpha") else None
+    if methods is not None:
+        return error("train.neftune_noise_alpha", f"NEFTune (noisy input embeddings) is for method `{methods}`; with "
                      f"`{recipe.method}` it would also add noise to the reference model's or the generation's "
                      "embeddings. Remove it.")
     return []
 
 
 @rule
-def length_sampling_without_packing(recipe) -> list[Problem]:
+def length_sampling_without_packing(recipe: Recipe) -> list[Problem]:
     """Packed sequences all have max_length tokens: grouping them by length does nothing."""
-    strategy = effective(recipe, "train_sampling_strategy")
+    strategy = recipe.effective("train_sampling_strategy")
     if recipe.data.packing and strategy in ("group_by_length", "batch_rebalance"):
         return warning("train.train_sampling_strategy", f"`{strategy}` has nothing to group when "
                        "`data.packing` is on (every packed row is max_length long); use `random`.")
@@ -335,15 +365,16 @@ def length_sampling_without_packing(recipe) -> list[Problem]:
 
 
 @rule
-def custom_loss_is_sft_only(recipe) -> list[Problem]:
+def custom_loss_is_sft_only(recipe: Recipe) -> list[Problem]:
     """compute_loss_func replaces the language-modelling loss; preference and RL methods define their own."""
-    if recipe.loss and recipe.method != "sft":
-        return error("loss", f"a custom loss is for method `sft`; `{recipe.method}` computes its own objective.")
+    methods = _not_read(recipe, "loss") if recipe.loss else None
+    if methods is not None:
+        return error("loss", f"a custom loss is for method `{methods}`; `{recipe.method}` computes its own objective.")
     return []
 
 
 @rule
-def early_stopping_needs_a_metric(recipe) -> list[Problem]:
+def early_stopping_needs_a_metric(recipe: Recipe) -> list[Problem]:
     """EarlyStoppingCallback "requires metric_for_best_model to be defined" and an eval strategy; it compares
     that metric between evaluations (and loads the best model only with load_best_model_at_end)."""
     for i, callback in enumerate(recipe.callbacks):
@@ -355,10 +386,11 @@ def early_stopping_needs_a_metric(recipe) -> list[Problem]:
 
 
 @rule
-def metrics_need_eval_data(recipe) -> list[Problem]:
+def metrics_need_eval_data(recipe: Recipe) -> list[Problem]:
     """Metrics are computed on the evaluation set, from language-model logits and labels (SFT)."""
-    if recipe.metrics and recipe.method != "sft":
-        return error("metrics", f"token metrics are for method `sft`; `{recipe.method}` logs its own (rewards, "
+    methods = _not_read(recipe, "metrics") if recipe.metrics else None
+    if methods is not None:
+        return error("metrics", f"token metrics are for method `{methods}`; `{recipe.method}` logs its own (rewards, "
                      "margins, accuracies).")
     if recipe.metrics and not recipe.data.has_eval:
         return error("metrics", "metrics are computed on evaluation data; add `data.eval`.")
@@ -366,7 +398,7 @@ def metrics_need_eval_data(recipe) -> list[Problem]:
 
 
 @rule
-def sft_only_data_settings(recipe) -> list[Problem]:
+def sft_only_data_settings(recipe: Recipe) -> list[Problem]:
     """Preference and prompt data are tokenized by TRL's trainers, which truncate their own way and put the
     loss on completions only: these settings of ft's tokenizer would be silently ignored."""
     if METHODS[recipe.method].ft_tokenizes:
@@ -381,7 +413,7 @@ def sft_only_data_settings(recipe) -> list[Problem]:
 
 
 @rule
-def method_sections_match_method(recipe) -> list[Problem]:
+def method_sections_match_method(recipe: Recipe) -> list[Problem]:
     """A ``dpo:`` section in an SFT recipe is a leftover or a mistake: nothing would read it."""
     return [Problem(name, f"is only read by `method: {name}`, and this recipe is `{recipe.method}`; "
                     f"remove it or set `method: {name}`.")
@@ -389,31 +421,36 @@ def method_sections_match_method(recipe) -> list[Problem]:
 
 
 @rule
-def grpo_needs_rewards(recipe) -> list[Problem]:
-    """GRPO learns from rewards: without at least one there is nothing to optimise."""
-    if recipe.method == "grpo" and recipe.grpo is None:
-        return error("grpo", "GRPO needs a `grpo:` section with `rewards:` (e.g. [{name: exact_match}]).")
+def method_section_when_required(recipe: Recipe) -> list[Problem]:
+    """A method section with required keys (GRPO's ``rewards``: without one there is nothing to optimise) must be
+    written."""
+    section, name = METHODS[recipe.method].section, recipe.method
+    required = [key for key, field in section.model_fields.items() if field.is_required()] if section else []
+    if required and recipe.method_section is None:
+        example = f" (e.g. {section.EXAMPLE})" if section.EXAMPLE else ""
+        keys = ", ".join(f"`{key}:`" for key in required)
+        return error(name, f"{name.upper()} needs a `{name}:` section with {keys}{example}.")
     return []
 
 
 @rule
-def grpo_generation_batch_divides(recipe) -> list[Problem]:
-    """"The effective batch size … must be evenly divisible by num_generations": each generation
-    round holds whole groups of completions for the same prompt."""
-    grpo = recipe.grpo
-    if recipe.method != "grpo" or grpo is None:
+def generation_batch_divides(recipe: Recipe) -> list[Problem]:
+    """GRPO: "The effective batch size … must be evenly divisible by num_generations": each generation round holds
+    whole groups of completions for the same prompt (every method that ``generates``)."""
+    section, name = recipe.method_section, recipe.method
+    if not METHODS[name].generates or section is None:
         return []
-    if grpo.generation_batch_size and grpo.steps_per_generation:
-        return error("grpo.generation_batch_size", "set either `generation_batch_size` or "
+    if section.generation_batch_size and section.steps_per_generation:
+        return error(f"{name}.generation_batch_size", "set either `generation_batch_size` or "
                      "`steps_per_generation`, not both.")
-    per_device = effective(recipe, "per_device_train_batch_size")
-    steps = grpo.steps_per_generation or effective(recipe, "gradient_accumulation_steps")
-    batch = grpo.generation_batch_size or per_device * steps
-    key = "grpo.generation_batch_size" if grpo.generation_batch_size else "grpo.num_generations"
-    if batch % grpo.num_generations:
+    per_device = recipe.effective("per_device_train_batch_size")
+    steps = section.steps_per_generation or recipe.effective("gradient_accumulation_steps")
+    batch = section.generation_batch_size or per_device * steps
+    key = f"{name}.generation_batch_size" if section.generation_batch_size else f"{name}.num_generations"
+    if batch % section.num_generations:
         return error(key, f"the generation batch ({batch} = per_device_train_batch_size {per_device} × "
                      f"{steps} steps per generation on one process) must be divisible by "
-                     f"num_generations ({grpo.num_generations}).")
+                     f"num_generations ({section.num_generations}).")
     return []
 
 
@@ -424,7 +461,7 @@ _NAMED_ONLY = ("betas", "eps", "target_modules", "args")  # settings of a named 
 
 
 @rule
-def optimizer_class_or_name(recipe) -> list[Problem]:
+def optimizer_class_or_name(recipe: Recipe) -> list[Problem]:
     """``optimizer_cls_and_kwargs`` replaces the ``optim`` name: a recipe gives one or the other, and a class takes
     its settings as its own keyword arguments."""
     opt, written = recipe.optimizer, recipe.optimizer.model_fields_set
@@ -441,7 +478,7 @@ def optimizer_class_or_name(recipe) -> list[Problem]:
 
 
 @rule
-def scheduler_class_or_type(recipe) -> list[Problem]:
+def scheduler_class_or_type(recipe: Recipe) -> list[Problem]:
     """A scheduler class replaces the named schedule and its warm-up (put a warm-up in the class's kwargs)."""
     sched, written = recipe.scheduler, recipe.scheduler.model_fields_set
     if sched.cls is None:
@@ -452,7 +489,7 @@ def scheduler_class_or_type(recipe) -> list[Problem]:
 
 
 @rule
-def groups_need_plain_parameter_groups(recipe) -> list[Problem]:
+def groups_need_plain_parameter_groups(recipe: Recipe) -> list[Problem]:
     """GaLore and APOLLO build their own parameter groups from ``optim_target_modules``, LOMO/AdaLomo take the whole
     model, layerwise optimizers one optimizer per parameter: per-module groups cannot be layered on them."""
     name = recipe.optimizer.name
@@ -467,27 +504,22 @@ def groups_need_plain_parameter_groups(recipe) -> list[Problem]:
 # --- the Hub and credentials -------------------------------------------------------------------------------------
 
 
-_HUB_SETTINGS = ("hub_model_id", "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision")
-
-
 @rule
-def hub_settings_need_a_push(recipe) -> list[Problem]:
+def hub_settings_need_a_push(recipe: Recipe) -> list[Problem]:
     """transformers reads the hub_* arguments when it pushes (``push_to_hub``; TRL's GRPO also for
     ``log_completions_hub_repo``); ft calls no push of its own, so without one they do nothing."""
     args = recipe.train_args
-    if args.get("push_to_hub") or args.get("log_completions_hub_repo"):
+    if any(args.get(key) for key in PUSHING):
         return []
     return [Problem(f"train.{key}", "has no effect without `train.push_to_hub: true` (nothing is pushed); set "
-                    "push_to_hub or remove this key.", level="warning") for key in _HUB_SETTINGS if key in args]
+                    "push_to_hub or remove this key.", level="warning") for key in HUB_SETTINGS if key in args]
 
 
 @rule
-def train_values_hold_no_credentials(recipe) -> list[Problem]:
+def train_values_hold_no_credentials(recipe: Recipe) -> list[Problem]:
     """transformers pickles its arguments, ``train:`` verbatim, into training_args.bin in every checkpoint and in
     final/, and uploads it with every push: a credential-named key inside a ``train:`` value (a dict such as
     ``generation_kwargs``) would travel with the run's files. (``train.hub_token`` itself is refused by the schema.)"""
-    from .redact import SECRET_KEY  # redact imports the schema; imported here, rules stay importable on their own
-
     def paths(value, prefix: str):
         if isinstance(value, dict):
             for key, inner in value.items():
@@ -507,7 +539,7 @@ def train_values_hold_no_credentials(recipe) -> list[Problem]:
 
 
 @rule
-def continued_adapter_keeps_its_shape(recipe) -> list[Problem]:
+def continued_adapter_keeps_its_shape(recipe: Recipe) -> list[Problem]:
     """An adapter continued from ``adapter.path`` is loaded with its saved ``adapter_config.json``: its rank,
     targets and scaling cannot change, so the recipe's keys for them would be silently ignored."""
     adapter = recipe.adapter
@@ -521,7 +553,7 @@ def continued_adapter_keeps_its_shape(recipe) -> list[Problem]:
 
 
 @rule
-def launch_machines_meet(recipe) -> list[Problem]:
+def launch_machines_meet(recipe: Recipe) -> list[Problem]:
     """torchrun's rules for several machines: each has a ``--node-rank`` in 0..nnodes-1, and they meet at machine 0
     (``--master-addr``/``--master-port``, a static rendezvous) or at a c10d rendezvous (``--rdzv-endpoint``), one or
     the other."""
@@ -545,7 +577,7 @@ def launch_machines_meet(recipe) -> list[Problem]:
 
 
 @rule
-def accelerate_config_launches_alone(recipe) -> list[Problem]:
+def accelerate_config_launches_alone(recipe: Recipe) -> list[Problem]:
     """``accelerate launch --config_file`` reads the processes, machines and addresses from that file."""
     launch = recipe.launch
     if launch is None or launch.accelerate_config is None:
@@ -559,7 +591,7 @@ _KIND_SETTINGS = {"find_unused_parameters": "ddp", "fsdp": "fsdp", "deepspeed": 
 
 
 @rule
-def distributed_settings_match_kind(recipe) -> list[Problem]:
+def distributed_settings_match_kind(recipe: Recipe) -> list[Problem]:
     """Each kind reads its own settings (DDP ``find_unused_parameters``, FSDP ``fsdp:``, DeepSpeed ``deepspeed:``);
     another kind's would be silently ignored."""
     dist = recipe.distributed
@@ -569,7 +601,7 @@ def distributed_settings_match_kind(recipe) -> list[Problem]:
 
 
 @rule
-def fsdp2_has_no_no_shard(recipe) -> list[Problem]:
+def fsdp2_has_no_no_shard(recipe: Recipe) -> list[Problem]:
     """transformers builds FSDP2 (``fsdp_config`` version 2, torch's ``fully_shard``), whose one sharding choice is
     ``reshard_after_forward``; its own translation of sharding names refuses the others with FSDP2 ("only available
     with FSDP1"). A model kept whole on every process is DDP."""
@@ -585,7 +617,7 @@ _DS_SHORTHAND = ("stage", "offload_optimizer", "offload_params", "nvme_path")
 
 
 @rule
-def deepspeed_settings_fit(recipe) -> list[Problem]:
+def deepspeed_settings_fit(recipe: Recipe) -> list[Problem]:
     """DeepSpeed's config reference: parameter offloading (``offload_param``) is ZeRO stage 3 only, and so is
     offloading optimizer state to NVMe (ZeRO-Infinity); NVMe offloading needs ``nvme_path``. A ``config`` is the
     whole DeepSpeed config, so the shorthand keys would be ignored beside it. With ZeRO-3 the model is gathered for
@@ -619,8 +651,6 @@ def deepspeed_settings_fit(recipe) -> list[Problem]:
 
 
 def _deepspeed_config_problems(value) -> list[Problem]:
-    from pathlib import Path
-
     path = "distributed.deepspeed.config"
     if isinstance(value, str) and not Path(value).is_file():
         return error(path, f"{value} does not exist; name a DeepSpeed JSON config (relative to the recipe's folder) "
@@ -643,7 +673,7 @@ _DEEPSPEED_ADAMW = ("adamw_torch", "adamw_torch_fused")
 
 
 @rule
-def deepspeed_offload_trains_adamw(recipe) -> list[Problem]:
+def deepspeed_offload_trains_adamw(recipe: Recipe) -> list[Problem]:
     """DeepSpeed refuses a client (torch) optimizer with ZeRO-Offload ("You are using ZeRO-Offload with a client
     provided optimizer …", unless ``zero_force_ds_cpu_optimizer: false``, which it calls poor performance), so the
     config ft generates for ``offload_optimizer`` names DeepSpeed's AdamW (its CPU Adam), which transformers fills
@@ -667,7 +697,7 @@ def deepspeed_offload_trains_adamw(recipe) -> list[Problem]:
 
 
 @rule
-def lomo_without_deepspeed(recipe) -> list[Problem]:
+def lomo_without_deepspeed(recipe: Recipe) -> list[Problem]:
     """accelerate's ``Accelerator.backward`` runs LOMO's fused update (``lomo_backward``) only outside DeepSpeed:
     under DeepSpeed the loss goes to the engine's ``backward`` (with a ``learning_rate`` argument the Trainer adds for
     LOMO), so LOMO and AdaLomo never update the model there."""
@@ -681,7 +711,7 @@ def lomo_without_deepspeed(recipe) -> list[Problem]:
 
 
 @rule
-def zero3_without_quantization(recipe) -> list[Problem]:
+def zero3_without_quantization(recipe: Recipe) -> list[Problem]:
     """ZeRO-3 partitions every parameter across the processes; transformers loads a quantized model without ZeRO-3's
     partitioned init (``needs_zero3_init = is_deepspeed_zero3_enabled() and not _is_quantized``), and bitsandbytes'
     packed 4/8-bit weights carry their quantization state beside the tensor, which ZeRO-3's partitioning does not
@@ -695,7 +725,7 @@ def zero3_without_quantization(recipe) -> list[Problem]:
 
 
 @rule
-def train_keys_agree_with_distributed(recipe) -> list[Problem]:
+def train_keys_agree_with_distributed(recipe: Recipe) -> list[Problem]:
     """``train:`` keeps every TrainingArguments field, and a value it sets wins over what ``distributed:`` maps to;
     but a ``train:`` key that says another way of sharing the model than ``distributed:`` would leave one of them
     silently ignored (or transformers failing at start)."""
@@ -723,7 +753,7 @@ def train_keys_agree_with_distributed(recipe) -> list[Problem]:
 
 
 @rule
-def fsdp_activation_checkpointing_once(recipe) -> list[Problem]:
+def fsdp_activation_checkpointing_once(recipe: Recipe) -> list[Problem]:
     """transformers: "``fsdp_config['activation_checkpointing']`` (FSDP's own activation checkpointing) and the
     ``activation_checkpointing`` training argument can't both be set to True. Use FSDP's activation checkpointing
     when using FSDP"; the training argument alone "introduces a redundant AllGather in the backward pass"."""
@@ -743,7 +773,7 @@ def fsdp_activation_checkpointing_once(recipe) -> list[Problem]:
 
 
 @rule
-def fsdp_sharded_checkpoints_keep_the_optimizer(recipe) -> list[Problem]:
+def fsdp_sharded_checkpoints_keep_the_optimizer(recipe: Recipe) -> list[Problem]:
     """transformers: "save_only_model option is not compatible with FSDP state dict type 'SHARDED_STATE_DICT'"."""
     dist = recipe.distributed
     if dist.kind == "fsdp" and dist.fsdp_settings.state_dict == "sharded" and recipe.train_args.get("save_only_model"):
@@ -753,30 +783,30 @@ def fsdp_sharded_checkpoints_keep_the_optimizer(recipe) -> list[Problem]:
     return []
 
 
-@rule
-def sharding_needs_processes(recipe) -> list[Problem]:
+@process_rule
+def sharding_needs_processes(recipe: Recipe, processes: Processes | None) -> list[Problem]:
     """FSDP and ZeRO shard the model over the processes of a run: with one there is nothing to shard over (DeepSpeed's
     offloading still moves state to the CPU or NVMe)."""
     kind = recipe.distributed.kind
     ds = recipe.distributed.deepspeed_settings
-    if kind == "ddp" or declared_processes(recipe) != 1:
+    if kind == "ddp" or declared_processes(recipe, processes) != 1:
         return []
     if kind == "deepspeed" and (ds.config is not None or ds.offload_optimizer != "none" or ds.offload_params != "none"):
         return []
     plain = " (ft trains it as one plain process)" if kind == "fsdp" else ""
     return warning("distributed.kind", f"`{kind}` shards the model over the run's processes, and this run has one "
-                   f"({process_source(recipe)}), so it saves no memory{plain}. Launch several: "
+                   f"({process_source(recipe, processes)}), so it saves no memory{plain}. Launch several: "
                    "`launch.num_processes`, `ft train --num-processes N`, or torchrun.")
 
 
-@rule
-def batch_rebalance_has_something_to_balance(recipe) -> list[Problem]:
+@process_rule
+def batch_rebalance_has_something_to_balance(recipe: Recipe, processes: Processes | None) -> list[Problem]:
     """transformers' ``BatchRebalanceSampler`` balances padded-token cost "across devices and gradient-accumulation
     steps within each effective batch": with one process and no accumulation each effective batch is one
     micro-batch, drawn at random, and nothing is rebalanced."""
-    if effective(recipe, "train_sampling_strategy") != "batch_rebalance" or recipe.data.packing:
+    if recipe.effective("train_sampling_strategy") != "batch_rebalance" or recipe.data.packing:
         return []  # packing: length_sampling_without_packing says it
-    if declared_processes(recipe) == 1 and effective(recipe, "gradient_accumulation_steps") == 1:
+    if declared_processes(recipe, processes) == 1 and recipe.effective("gradient_accumulation_steps") == 1:
         return warning("train.train_sampling_strategy", "`batch_rebalance` balances batch cost across processes and "
                        "gradient-accumulation steps, and this run has one process and gradient_accumulation_steps 1: "
                        "its batches are plain random ones. Use `group_by_length` to cut padding here.")

@@ -1,9 +1,8 @@
-"""Trainers: one module per method (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``), built from the recipe.
+"""Trainers: one module per method (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``), built from the recipe by
+``build.build_trainer``, with ``mixin.FtTrainerMixin`` for what ft adds to every one of them, and what plugs into a
+trainer: the console line, callbacks, rewards, the recipe's own code (``hooks``, ``plugins``), trackers, metrics,
+the optimizer and scheduler, the distributed settings and the stop every rank agrees on.
 
-Importing this package imports no TRL: ``build_trainer`` imports the chosen method's module when it builds.
+Import the modules themselves: this package imports nothing, and TRL is imported only by the chosen method's
+module, when ``ft train`` builds its trainer.
 """
-
-from .build import TrainerInputs, build_trainer
-from .hooks import Hooks, resolve_hooks
-
-__all__ = ["Hooks", "TrainerInputs", "build_trainer", "resolve_hooks"]

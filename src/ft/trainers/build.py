@@ -11,7 +11,7 @@ Every TRL config follows one precedence rule (``trl_config``):
    the other sections (optimizer, scheduler, data, the method's own section). The schema gives each TRL field one
    home (a field a section owns is refused under ``train:``), so the two rarely name the same field; where they do
    (``train.remove_unused_columns``, ``train.max_grad_norm: 0`` with a layerwise optimizer), ``train:`` wins.
-2. ``defaults``, ft's choices for this machine (``ft.hardware.device_defaults``), what ``distributed:`` maps to
+2. ``defaults``, ft's choices for this machine (``ft.run.hardware.device_defaults``), what ``distributed:`` maps to
    (``ft.trainers.distributed.training_args``: fsdp, fsdp_config, deepspeed, ddp_find_unused_parameters; a
    ``train:`` key that contradicts ``distributed:`` is refused at validation) and JIT checkpointing, fill only the
    fields the recipe left unset.
@@ -23,16 +23,16 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .. import trackers
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
+from . import trackers
 from .hooks import Hooks
 from .optimization import optimization_for
 
 
 @dataclass(frozen=True)
 class TrainerInputs:
-    """What ``ft.run`` has made ready for the trainer; the recipe says how to use it."""
+    """What ``ft.run.train`` has made ready for the trainer; the recipe says how to use it."""
 
     model: object
     tokenizer: object
@@ -41,18 +41,19 @@ class TrainerInputs:
     hooks: Hooks  # the recipe's user and built-in code, resolved once before the model loaded
     defaults: Mapping[str, object] = field(default_factory=dict)  # ft's machine defaults (rule 2 above)
     callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
-    optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.hardware.optimizer_defaults
-    peft_config: object | None = None  # a new adapter's LoraConfig (ft.adapters.lora_config), for TRL to apply
+    optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.run.hardware.optimizer_defaults
+    peft_config: object | None = None  # a new adapter's LoraConfig (ft.model.adapters.lora_config), for TRL to apply
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
     """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``, with trackers writing under the output
-    directory (``ft.trackers.writing_under``) and ft's console lines instead of transformers' (``console.install``)."""
+    directory (``trackers.writing_under``) and ft's console lines for the method instead of transformers'
+    (``console.install``)."""
     from . import console  # imports transformers
 
     with trackers.writing_under(recipe.train_args["output_dir"]):
         trainer = importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
-    console.install(trainer)
+    console.install(trainer, recipe.method)
     return trainer
 
 

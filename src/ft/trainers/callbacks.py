@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plugins import PluginError, resolve
 from ..recipe import Problem, Recipe
 from ..recipe.hooks import CallbackSpec
+from .plugins import PluginError, resolve
 
 
 def _early_stopping(spec: CallbackSpec):

@@ -8,8 +8,9 @@ on stdout, with every metric at four significant digits, evaluation noise includ
     step 100/400  eval  loss 1.101  acc 0.620
     trained 400 steps in 312.4 s, mean loss 0.857
 
-Training lines carry the step, loss, learning rate, gradient norm, the method's headline metric (token accuracy for
-SFT; reward accuracy and margin for DPO and ORPO, the margin for KTO; mean reward for GRPO) and tokens per second.
+Training lines carry the step, loss, learning rate, gradient norm, the method's headline figures (its
+``Method.headlines`` with a label: token accuracy for SFT; reward accuracy and margin for DPO and ORPO, the margin for
+KTO; mean reward for GRPO) and tokens per second.
 Evaluation lines carry the evaluation metrics without the runtime, samples/s, steps/s, token count and entropy, nor
 the detail families (``logits/…``, ``logps/…``, chosen/rejected rewards). Every value, these included, still goes to the
 trackers (``train.report_to``) and to ``trainer_state.json``'s log history. A tqdm bar counts the training steps
@@ -25,32 +26,39 @@ import sys
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-# a log key -> (its label on the line, its format); in line order. Several keys may carry one label (a method logs
-# the first of them that it has: DPO also logs a mean_token_accuracy, which the reward accuracy replaces).
-LABELS: dict[str, tuple[str, str | None]] = {
+from ..recipe.methods import METHODS
+
+# a log key -> (its label on the line, its format), in line order: these, the method's headline figures, then RATE
+GENERIC: dict[str, tuple[str, str | None]] = {
     "loss": ("loss", "{:.3f}"),
     "learning_rate": ("lr", "{:.1e}"),
     "grad_norm": ("grad", "{:.3g}"),
-    "reward": ("reward", "{:.3f}"),  # GRPO
-    "rewards/accuracies": ("acc", "{:.3f}"),  # DPO, ORPO
-    "rewards/margins": ("margin", "{:.3f}"),  # DPO, ORPO, KTO
-    "mean_token_accuracy": ("acc", "{:.3f}"),  # SFT (TRL's, measured on the trained positions)
-    "tokens_per_second": ("tok/s", None),  # ft's (FtTrainerMixin); formatted by _rate
 }
+HEADLINE_FORMAT = "{:.3f}"
+RATE: dict[str, tuple[str, str | None]] = {"tokens_per_second": ("tok/s", None)}  # ft's (FtTrainerMixin), by _rate
+# the keys some method's line shows under a label: never shown by their own name on an evaluation line (DPO also logs
+# a mean_token_accuracy, SFT's headline, which its reward accuracy stands for)
+LABELLED = frozenset(figure.key for method in METHODS.values() for figure in method.headlines if figure.label)
 # evaluation keys (without eval_) never shown: timing noise, a running token count, and detail families
 EVAL_HIDDEN = {"runtime", "samples_per_second", "steps_per_second", "num_tokens", "entropy", "epoch"}
 # the train summary transformers logs once training ends
 SUMMARY_KEYS = ("train_runtime", "train_loss")
 
 
-def install(trainer) -> None:
-    """Replace transformers' printing callbacks on ``trainer`` with ``ConsoleCallback`` (a notebook's own progress
-    table, where transformers chose one, stays)."""
+def labels(method: str | None) -> dict[str, tuple[str, str | None]]:
+    """A log key -> (label, format) for the lines of ``method`` (None: the keys every method logs), in line order."""
+    figures = METHODS[method].headlines if method is not None else ()
+    return {**GENERIC, **{figure.key: (figure.label, HEADLINE_FORMAT) for figure in figures if figure.label}, **RATE}
+
+
+def install(trainer, method: str | None = None) -> None:
+    """Replace transformers' printing callbacks on ``trainer`` with ``ConsoleCallback`` for ``method``'s lines (a
+    notebook's own progress table, where transformers chose one, stays)."""
     for callback in list(trainer.callback_handler.callbacks):
         if type(callback) in (PrinterCallback, ProgressCallback):  # exactly these: a recipe's subclass stays
             trainer.remove_callback(callback)
     if not any(type(cb).__name__ == "NotebookProgressCallback" for cb in trainer.callback_handler.callbacks):
-        trainer.add_callback(ConsoleCallback())
+        trainer.add_callback(ConsoleCallback(method=method))
 
 
 def wants_bar(disable_tqdm: bool | None, stream=None) -> bool:
@@ -65,8 +73,9 @@ def wants_bar(disable_tqdm: bool | None, stream=None) -> bool:
 class ConsoleCallback(TrainerCallback):
     """One line per log event on stderr (main process only), above a tqdm bar of the steps on a terminal."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, method: str | None = None):
         self.stream = stream  # None: sys.stderr as it is when writing (tests and tools swap it)
+        self.method = method  # whose headline figures the lines carry
         self.bar = None
         self.eval_bar = None
         self.start_step = 0  # the step training (re)started from: the summary counts this run's steps
@@ -110,7 +119,7 @@ class ConsoleCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        self._write(format_log(logs, state.global_step, state.max_steps, self.start_step))
+        self._write(format_log(logs, state.global_step, state.max_steps, self.start_step, self.method))
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close_eval_bar()
@@ -132,29 +141,28 @@ class ConsoleCallback(TrainerCallback):
             print(line, file=self._out, flush=True)
 
 
-def format_log(logs: dict, step: int, max_steps: int, start_step: int = 0) -> str:
-    """The console line of one log event (training, evaluation, or the end-of-training summary)."""
+def format_log(logs: dict, step: int, max_steps: int, start_step: int = 0, method: str | None = None) -> str:
+    """The console line of one log event of a ``method`` run (training, evaluation, or the end-of-training summary)."""
     if all(key in logs for key in SUMMARY_KEYS):
         return _summary_line(logs, step, start_step)
     where = f"step {step:>{len(str(max_steps))}}/{max_steps}" if max_steps else f"step {step}"
+    shown = labels(method)
     evaluation = {key[5:]: value for key, value in logs.items() if key.startswith("eval_")}
     if evaluation:
-        return f"{where}  eval  {_fields(evaluation, shown_rest=True)}".rstrip()
-    return f"{where}  {_fields(logs, shown_rest=False) or _fields(logs, shown_rest=True)}".rstrip()
+        return f"{where}  eval  {_fields(evaluation, shown, shown_rest=True)}".rstrip()
+    return f"{where}  {_fields(logs, shown, shown_rest=False) or _fields(logs, shown, shown_rest=True)}".rstrip()
 
 
-def _fields(logs: dict, *, shown_rest: bool) -> str:
-    """``label value`` pairs: the ``LABELS`` keys in order, then (evaluation) the other metrics by their own names."""
-    parts, used = [], set()
-    for key, (label, fmt) in LABELS.items():
+def _fields(logs: dict, shown: dict[str, tuple[str, str | None]], *, shown_rest: bool) -> str:
+    """``label value`` pairs: the ``shown`` keys in order, then (evaluation) the other metrics by their own names."""
+    parts = []
+    for key, (label, fmt) in shown.items():
         value = logs.get(key)
-        if label in used or not _number(value):
-            continue
-        used.add(label)
-        parts.append(f"{label} {_rate(value) if fmt is None else fmt.format(value)}")
+        if _number(value):
+            parts.append(f"{label} {_rate(value) if fmt is None else fmt.format(value)}")
     if shown_rest:
         for key, value in logs.items():
-            if key in LABELS or key in EVAL_HIDDEN or "/" in key or not _number(value):
+            if key in shown or key in LABELLED or key in EVAL_HIDDEN or "/" in key or not _number(value):
                 continue
             parts.append(f"{key} {value:.4g}")
     return "  ".join(parts)

@@ -1,11 +1,11 @@
 """``distributed:`` in TrainingArguments' terms, and the full state dict ``final/`` needs.
 
-``training_args`` is merged into the defaults of every method's TRL config (``ft.run.prepare_trainer``, after
+``training_args`` is merged into the defaults of every method's TRL config (``ft.run.train.prepare_trainer``, after
 ``hardware.device_defaults``), so the one precedence rule holds: a key the recipe's ``train:`` sets wins, and a
 ``train:`` key that contradicts ``distributed:`` is refused at validation (``recipe.rules``), naming both.
 
-The mapping (read from transformers 5.24's ``TrainingArguments._process_fsdp_args`` and
-``integrations/deepspeed.py``, and accelerate 1.15's ``FullyShardedDataParallelPlugin``):
+The mapping (read from transformers' ``TrainingArguments._process_fsdp_args`` and ``integrations/deepspeed.py``, and
+accelerate's ``FullyShardedDataParallelPlugin``, of the releases docs/architecture.md names):
 
 - ``ddp``: ``ddp_find_unused_parameters``. Left unset, transformers passes ``find_unused_parameters=True`` to DDP
   for every model trained without activation checkpointing (always on the CPU, and for any PEFT model, which is no

@@ -1,5 +1,5 @@
 """GRPO: TRL's GRPOTrainer on canonical prompt rows (``prompt`` plus the row's other fields), scored by the
-recipe's rewards (``ft.rewards``). TRL tokenizes, generates and batches; ft adds only its token accounting."""
+recipe's rewards (``ft.trainers.rewards``). TRL tokenizes, generates and batches; ft adds only its token accounting."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plugins import check_signature, resolve, resolve_class
 from ..recipe import Recipe
-from ..rewards import reward_functions
 from .callbacks import build_callbacks
 from .optimization import OPTIMIZER_PROVIDES, SCHEDULER_PROVIDES
+from .plugins import check_signature, resolve, resolve_class
+from .rewards import reward_functions
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,11 @@ class Hooks:
 
 def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
     """Import, check and build everything the recipe names (``base_dir``, the recipe's folder, is importable)."""
-    grpo, opt, sched = getattr(recipe, "grpo", None), recipe.optimizer, recipe.scheduler
+    rewards, opt, sched = getattr(recipe.method_section, "rewards", None), recipe.optimizer, recipe.scheduler
     return Hooks(
         loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
         callbacks=tuple(build_callbacks(recipe, base_dir)),
-        rewards=tuple(reward_functions(grpo.rewards, base_dir)) if grpo is not None else (),
+        rewards=tuple(reward_functions(rewards, base_dir, recipe.method)) if rewards else (),
         optimizer_class=_class(opt.cls, "optimizer.class", base_dir, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
         scheduler_class=_class(sched.cls, "scheduler.class", base_dir, "LRScheduler", sched.kwargs,
                                SCHEDULER_PROVIDES),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..labels import IGNORE_INDEX
+from ..data.labels import IGNORE_INDEX
 
 
 def reduce_logits(logits, labels):

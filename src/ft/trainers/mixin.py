@@ -64,8 +64,8 @@ class FtTrainerMixin:
 
     def floating_point_ops(self, inputs) -> int:
         """Trainer's estimate, 6 × input tokens × non-embedding parameters, without recounting the parameters at
-        every step: Trainer walks every module and parameter of the model for it each time (0.1 ms a step for a
-        4-layer model, several for a large or PEFT-wrapped one), and the count does not change during training."""
+        every step: Trainer walks every module and parameter of the model for it each time (more, the larger or
+        PEFT-wrapped the model; benchmarks/README.md), and the count does not change during training."""
         if self._ft_flop_params is None:
             if not hasattr(self.model, "num_parameters"):
                 return super().floating_point_ops(inputs)

@@ -3,7 +3,7 @@
 transformers' JIT checkpoint acts on a timer started in each process when that process gets SIGTERM, so ranks can
 stop one step apart: one saves ``checkpoint-N`` while another is still in step N+1's all-reduce (a hang, or a
 checkpoint missing a rank's state). With several processes ft therefore notes the signal itself
-(``ft.signals.StopWatch`` with ``pass_on=False``) and, at every step end, all ranks agree by an all-reduce whether
+(``ft.run.signals.StopWatch`` with ``pass_on=False``) and, at every step end, all ranks agree by an all-reduce whether
 any of them got one; if so they all save the same ``checkpoint-<step>`` through the Trainer's regular save and stop.
 """
 
@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 
 class StopTogether(TrainerCallback):
     def __init__(self, watch):
-        self.watch = watch  # ft.signals.StopWatch
+        self.watch = watch  # ft.run.signals.StopWatch
 
     def on_step_end(self, args, state, control, **kwargs):
         flag = torch.tensor([self.watch.received or 0], device=args.device)

@@ -1,6 +1,6 @@
-"""The reference model of DPO and KTO (TRL 1.16 behaviour, read from its source).
+"""The reference model of DPO and KTO (TRL's behaviour, read from its source: docs/architecture.md names the release).
 
-- ``dpo.ref_model`` set: that model is loaded (``ft.models.load_reference_model``) and passed in.
+- ``dpo.ref_model`` set: that model is loaded (``ft.model.loading.load_reference_model``) and passed in.
 - a LoRA adapter (``adapter:``): no reference model is passed. TRL wraps the model with the adapter itself and,
   finding ``ref_model is None`` on a PEFT model, keeps ``trainer.ref_model = None`` and computes the reference
   log-probs under ``use_adapter(model, None)``, i.e. ``model.disable_adapter()``: the base model, which is the
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import copy
 
-from ..models import load_reference_model
+from ..model.loading import load_reference_model
 from ..recipe import Recipe
-from ..recipe.distributed import uses_fsdp
+from ..recipe.processes import uses_fsdp
 
 
 def reference_model(recipe: Recipe, model, explicit: str | None = None):

@@ -8,11 +8,12 @@ import torch
 from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
 
-from ..labels import IGNORE_INDEX
+from ..data.labels import IGNORE_INDEX
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
 from .metrics import metric_kwargs
 from .mixin import FtTrainerMixin
+from .token_metrics import scored_sums
 
 
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> SFTConfig:
@@ -37,7 +38,7 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
     """SFTTrainer with ft's token accounting (see FtTrainerMixin) and a one-pass custom loss.
 
     A recipe's ``loss:`` is Trainer's ``compute_loss_func(outputs, labels, num_items_in_batch)``. It is called
-    here after a single forward pass: TRL 1.16's own path for it runs a second, no-grad forward for its metrics
+    here after a single forward pass: TRL's own path for it runs a second, no-grad forward for its metrics
     (and is deprecated). Setting ``self.compute_loss_func`` keeps Trainer's documented behaviour: it counts
     ``num_items_in_batch`` over the whole accumulated batch and does not rescale the loss for gradient
     accumulation, because the function normalises by that count itself. At evaluation Trainer passes
@@ -68,11 +69,12 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
     def _wants_full_logits(self, return_outputs: bool) -> bool:
         """Whether the loss should come from the model's own forward (full logits) instead of TRL's fused LM head.
 
-        TRL 1.16 scores every position through a chunked LM head that also returns log-probs, entropy and top-1,
+        TRL scores every position through a chunked LM head that also returns log-probs, entropy and top-1,
         so it never materialises the logits: the right trade on a GPU with a large vocabulary. It is the wrong one
         (a) when the caller wants the logits anyway (evaluation with metrics: TRL then runs a second forward) and
-        (b) on a CPU, where memory is plentiful and the chunking costs ~8% of a step. Loss variants TRL computes
-        itself (label smoothing, ``loss_type: dft``, MoE auxiliary loss, sequence parallelism) stay with TRL.
+        (b) on a CPU, where memory is plentiful and the chunking costs a share of every step (benchmarks/README.md).
+        Loss variants TRL computes itself (label smoothing, ``loss_type: dft``, MoE auxiliary loss, sequence
+        parallelism) stay with TRL.
         """
         if self.label_smoother is not None or self.args.loss_type != "nll" or self.aux_loss_enabled:
             return False
@@ -97,7 +99,7 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         mode = "train" if self.model.training else "eval"
         targets = inputs["labels"][:, 1:]
         mask = targets != IGNORE_INDEX
-        entropy, correct = _scored_sums(logits[:, :-1], targets, mask)
+        entropy, correct = scored_sums(logits[:, :-1], targets, mask)
         gather = self.accelerator.gather_for_metrics
         valid = gather(mask.sum()).sum().clamp(min=1)  # no target at all: both sums are 0, and so the metrics
         self._metrics[mode]["entropy"].append(gather(entropy).sum() / valid)
@@ -119,29 +121,3 @@ class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
         if isinstance(self._total_train_tokens, torch.Tensor):
             self._total_train_tokens = int(self._total_train_tokens)
         super().log(logs, *args, **kwargs)
-
-
-def _scored_sums(logits, targets, mask, elements: int = 2**25, pick: bool | None = None):
-    """(summed entropy, count of correct top-1 predictions) over the positions that have a target (``mask``).
-
-    On a CPU, a chunk whose rows are at most half targeted has those rows picked out and scored alone, so prompt
-    and padding positions (often most of an SFT batch) cost nothing; the picked copy is then at most half a chunk,
-    so memory stays within the three float32 chunks ``ft plan`` counts. On an accelerator every row is scored and
-    the mask multiplied in, because picking rows by a mask would wait for the device once per chunk (``pick``
-    overrides the choice). Rows go in float32 chunks of about ``elements`` values (128 MB), so a large vocabulary
-    times a long batch never needs one float32 copy of all the logits."""
-    flat, keep, wanted = logits.reshape(-1, logits.size(-1)), mask.reshape(-1), targets.reshape(-1)
-    pick = logits.device.type == "cpu" if pick is None else pick
-    rows = max(1, elements // flat.size(-1))
-    entropy = torch.zeros((), device=logits.device)
-    correct = torch.zeros((), device=logits.device, dtype=torch.long)
-    for start in range(0, flat.size(0), rows):
-        block, chosen, answers = flat[start:start + rows], keep[start:start + rows], wanted[start:start + rows]
-        picked = pick and 2 * int(chosen.sum()) <= chosen.numel()
-        if picked:
-            block, answers = block[chosen], answers[chosen]
-        log_probs = torch.log_softmax(block.float(), dim=-1)
-        per_row, hits = -(log_probs.exp() * log_probs).sum(-1), block.argmax(-1) == answers
-        entropy += per_row.sum() if picked else (per_row * chosen).sum()
-        correct += hits.sum() if picked else (hits & chosen).sum()
-    return entropy, correct

@@ -1,12 +1,12 @@
 """Stopping a run by signal: SIGTERM (preemption, ``docker stop``, ``kill``) and SIGINT (Ctrl-C).
 
 With ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), transformers answers SIGTERM by waiting
-``kill_wait`` (3 s: a SIGKILL that follows at once means there is no time to save), then saving
+``kill_wait`` seconds (``jit_kill_wait``: a SIGKILL that follows at once means there is no time to save), then saving
 ``checkpoint-<step>`` at the end of the current step and ending training. ``StopWatch`` notes which signal came,
 so that ft can tell that stop from a finished (or early-stopped) run: it then writes no ``final/``, marks the
 summary ``stopped`` and exits 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
 
-- The first Ctrl-C is treated as a SIGTERM (the same checkpoint, the same 3 s); with JIT checkpointing off there is
+- The first Ctrl-C is treated as a SIGTERM (the same checkpoint, the same wait); with JIT checkpointing off there is
   nothing to save and the run ends at once.
 - A second Ctrl-C ends the process at once. A checkpoint being written then stays incomplete (transformers' marker
   file, or no ``trainer_state.json``, which is written last) and ``--resume auto`` passes over it.

@@ -1,10 +1,10 @@
 """bitsandbytes imported without its import-time compiler set-up, for runs that run none of its code.
 
 transformers' Trainer imports PEFT whenever PEFT is installed, and PEFT imports bitsandbytes whenever that is
-installed. bitsandbytes 0.50, when imported, wraps four of its device-independent fallback kernels (blockwise and
-4-bit dequantization, the 32-bit optimizer update) in ``torch.compile``. Wrapping compiles nothing yet, but it imports
-``torch._inductor``'s compiler: about 1 s of every ``ft train``, on a GPU or a CPU, quantized or not (measured in
-benchmarks/README.md), which a hand-written training loop does not pay.
+installed. bitsandbytes, when imported, wraps four of its device-independent fallback kernels (blockwise and
+4-bit dequantization, the 32-bit optimizer update) in ``torch.compile`` (docs/architecture.md names the release).
+Wrapping compiles nothing yet, but it imports ``torch._inductor``'s compiler, a cost of every ``ft train`` on a GPU or a
+CPU, quantized or not (measured in benchmarks/README.md), which a hand-written training loop does not pay.
 
 A run that uses no bitsandbytes code (no ``model.quantization``, no bitsandbytes optimizer) imports bitsandbytes here
 first, before PEFT does, with torch's ``TORCHDYNAMO_DISABLE=1`` set for that import alone (the switch torch's own
@@ -12,7 +12,8 @@ test utilities use the same way). ``torch.compile`` then hands those four functi
 nothing of this run calls them. The variable is restored before ``import_bitsandbytes`` returns, so
 ``train.torch_compile`` and every later ``torch.compile`` compile as usual. A run that uses bitsandbytes leaves its
 import alone. Within one process the first import decides: a later quantized run in the same process (a test
-session, a program driving ``ft.run`` several times) runs those fallback kernels uncompiled, with the same results.
+session, a program driving ``ft.run.train.train`` several times) runs those fallback kernels uncompiled, with the
+same results.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import importlib.util
 import os
 import sys
 
-from .recipe import Recipe
-from .recipe.optimizers import traits
+from ..recipe import Recipe
+from ..recipe.optimizers import traits
 
 # optimizers whose code is bitsandbytes' though their package is another (GaLore's 8-bit variants)
 _BITSANDBYTES_INSIDE = ("galore_adamw_8bit", "galore_adamw_8bit_layerwise")

@@ -1,4 +1,4 @@
-"""One training run, in order. Only this module knows the order of the steps."""
+"""``ft train``: one training run, in order. Only this module knows the order of the steps."""
 
 from __future__ import annotations
 
@@ -8,13 +8,30 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import adapters, bnb_import, checkpoints, data, exact_match, hardware, hub, models, ranks, report, signals
+from .. import data
+from ..inference import exact_match
+from ..model import adapters, bnb_import, loading
+from ..outputs import checkpoints
+from ..outputs.plots import write_plots
+from ..outputs.summary import (
+    PHASES,
+    best_checkpoint,
+    headline,
+    last_eval,
+    summarize,
+    versions,
+    write_log_history,
+    write_summary,
+)
+from ..recipe import LoadedRecipe, Recipe
+from ..recipe.errors import first_line
+from ..recipe.resolved import resolved_recipe_yaml
+from ..trainers import distributed
+from ..trainers.build import TrainerInputs, build_trainer
+from ..trainers.hooks import Hooks, resolve_hooks
+from ..trainers.plugins import PluginError
+from . import hardware, hub, ranks, signals
 from .drift import check_drift
-from .plugins import PluginError
-from .recipe import LoadedRecipe, Problem, Recipe
-from .recipe.errors import first_line
-from .recipe.redact import resolved_recipe_yaml
-from .trainers import Hooks, TrainerInputs, build_trainer, distributed, resolve_hooks
 
 
 @dataclass(frozen=True)
@@ -29,16 +46,6 @@ class RunResult:
         return 0 if self.stopped_by is None else signals.exit_code(self.stopped_by)
 
 
-def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data.PreparedData:
-    """Tokenize once into ``data.prepared_path`` (a no-op when the fingerprint already matches)."""
-    recipe = loaded.recipe
-    if recipe.data.prepared_path is None:
-        raise loaded.error([Problem("data.prepared_path", "`ft preprocess` writes the tokenized dataset there; "
-                                    "set it (e.g. prepared/my-run) so `ft train` can reuse it.")])
-    tokenizer = models.load_tokenizer(recipe.model)
-    return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)
-
-
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print, callbacks=(), *,
           overwrite: bool = False, command: str | None = None) -> RunResult:
     """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks);
@@ -51,7 +58,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     say = say if main else _silent
     command = command or f"ft train {loaded.source}"
     hw = hardware.probe()
-    problems = hardware.check_hardware(recipe, hw) + hub.check_hub(recipe)
+    problems = hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
     if problems:
         raise loaded.error(problems)
     try:
@@ -63,7 +70,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     with ranks.main_process_first(cpu=not hw.cuda):  # with --overwrite the main process clears, the others find it so
         resume_from = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
     if resume_from:
-        harmless = check_drift(recipe, output_dir, resume_from, command)
+        harmless = check_drift(recipe, output_dir, resume_from, command, world_size=ranks.world_size())
         if harmless:
             say("ft: resuming with changes that leave the training as it was: "
                 + "; ".join(change.render() for change in harmless))
@@ -71,9 +78,9 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
-    phases: dict = dict.fromkeys(report.PHASES)  # filled in as each phase ends
+    phases: dict = dict.fromkeys(PHASES)  # filled in as each phase ends
     facts = {"device": hw.summary, "peak_memory_source": "cuda_max_allocated" if hw.cuda else "process_max_rss",
-             "resumed_from": resume_from, "phase_seconds": phases, "versions": report.versions(), "failure": None}
+             "resumed_from": resume_from, "phase_seconds": phases, "versions": versions(), "failure": None}
 
     try:
         trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
@@ -89,7 +96,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     try:
         with signals.StopWatch(pass_on=not together, resume_hint=f"To resume, run: {command}") as watch:
             if together:
-                from .trainers.preemption import StopTogether
+                from ..trainers.preemption import StopTogether
 
                 trainer.add_callback(StopTogether(watch))
             trainer.train(resume_from_checkpoint=resume_from)
@@ -99,7 +106,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
         if signals.stopped_early(state.global_step, state.max_steps, watch.received):
             saved = checkpoints.complete_checkpoints(output_dir)
-            summary = report.summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
+            summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
                                        final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
             name = signals.signal_name(watch.received)
             summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
@@ -119,7 +126,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         with _timed(phases, "save"):
             distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
             trainer.save_model(str(output_dir / "final"))
-        summary = report.summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
+        summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
         if held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
             summary["exact_match"] = exact_match.after_training(recipe, trainer, held_out, say)
@@ -139,7 +146,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
-    tokenizer = models.load_tokenizer(recipe.model, say)
+    tokenizer = loading.load_tokenizer(recipe.model, say)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
         tokenizer.chat_template = template  # final/ ships the template the model was trained with
@@ -150,7 +157,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
                                  builder=ranks.is_main())
     data_ready = time.perf_counter()
-    model = models.load_model(recipe, seed=recipe.train_args.get("seed", 42))
+    model = loading.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
     # ft's defaults: this machine's, then what distributed: maps to (over the machine's), then JIT checkpointing
     defaults = {**hardware.device_defaults(recipe, hw),
@@ -171,7 +178,7 @@ def _evaluated_at_last_step(trainer) -> dict | None:
     state = trainer.state
     if trainer.args.load_best_model_at_end:
         return None
-    entry = report.last_eval(state.log_history)
+    entry = last_eval(state.log_history)
     if entry is None or entry.get("step") != state.global_step:
         return None
     return {key: value for key, value in entry.items() if key != "step"}
@@ -190,10 +197,10 @@ def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main
     """plots/, log_history.json and summary.json, from the main process: ``facts`` (device, versions, phase times,
     …) and the wall time since ``wall_started`` are added to ``summary``."""
     if main:
-        plots = report.write_plots(output_dir, log_history)
-        report.write_log_history(output_dir, log_history)
+        plots = write_plots(output_dir, log_history)
+        write_log_history(output_dir, log_history)
         summary.update(facts, wall_seconds=round(time.perf_counter() - wall_started, 3), plots=plots)
-        report.write_summary(output_dir, summary)
+        write_summary(output_dir, summary)
 
 
 def _write_failure(exc: Exception, output_dir: Path, recipe: Recipe, prepared: data.PreparedData, trainer,
@@ -202,7 +209,7 @@ def _write_failure(exc: Exception, output_dir: Path, recipe: Recipe, prepared: d
     traceback to: ``error.log``, unless FT_DEBUG=1 raises it instead) and the plots of what was logged so far."""
     try:
         state = trainer.state
-        summary = report.summarize("failed", state.log_history, steps=state.global_step, train_seconds=seconds,
+        summary = summarize("failed", state.log_history, steps=state.global_step, train_seconds=seconds,
                                    final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
         failure = {"type": type(exc).__name__, "message": first_line(exc), "traceback": str(output_dir / "error.log")}
         _write_report(output_dir, summary, state.log_history, True, {**facts, "failure": failure}, wall_started)
@@ -225,8 +232,8 @@ def _extra(recipe: Recipe, prepared: data.PreparedData, trainer, train_seconds: 
     epoch = trainer.state.epoch
     extra = {"epochs": round(epoch, 4) if epoch is not None else None, "data": prepared.stats,
              "world_size": trainer.args.world_size, **stats,
-             "best": report.best_checkpoint(trainer.state, trainer.args),
-             "headline": report.headline(recipe.method, trainer.state.log_history)}
+             "best": best_checkpoint(trainer.state, trainer.args),
+             "headline": headline(recipe.method, trainer.state.log_history)}
     return extra if recipe.adapter is None else {**extra, "base_model": base_model(recipe)}
 
 

@@ -2,8 +2,8 @@
 
 Drawn with Pillow: an axes box with "nice" ticks and a light grid, one coloured line per series (with dots while a
 line has few points), axis labels and, for several series, a legend in the emptiest corner. That is all ft's plots
-need, and it is ready in tens of milliseconds, where importing matplotlib alone took 0.5 s of every ``ft train`` (the
-plots are drawn when training ends, before the command returns: benchmarks/README.md). Everything is drawn at twice
+need, and it is ready in a fraction of the time importing matplotlib alone took in every ``ft train`` (the plots are
+drawn when training ends, before the command returns: benchmarks/README.md has both). Everything is drawn at twice
 the size and scaled down, which smooths lines and text.
 """
 
@@ -171,7 +171,7 @@ def _text_size(draw: ImageDraw.ImageDraw, text: str, font) -> tuple[float, float
 
 @cache
 def _font(size: int):
-    """Pillow's bundled scalable font (FreeType; Pillow 10.1+), else its small bitmap one."""
+    """Pillow's bundled scalable font (FreeType; the release pyproject.toml requires), else its small bitmap one."""
     try:
         return ImageFont.load_default(size=size)
     except (TypeError, AttributeError, OSError):  # Pillow < 10.1, or built without FreeType

@@ -10,17 +10,17 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from . import trackers
-from .recipe import Problem, Recipe
-from .recipe.distributed import process_count, uses_deepspeed, uses_fsdp
-from .recipe.optimizers import PACKAGES, traits
+from ..recipe import Problem, Recipe
+from ..recipe.optimizers import PACKAGES, traits
+from ..recipe.processes import uses_deepspeed, uses_fsdp
+from ..trainers import trackers
 
 # the same optimizer, not CUDA-only, for each CUDA-only one
-_CPU_ALTERNATIVE = {"adalomo": "lomo", "galore_adamw_8bit": "galore_adamw",
-                    "galore_adamw_8bit_layerwise": "galore_adamw_layerwise"}
+CPU_ALTERNATIVE = {"adalomo": "lomo", "galore_adamw_8bit": "galore_adamw",
+                   "galore_adamw_8bit_layerwise": "galore_adamw_layerwise"}
 
 # constructor arguments ft adds on a machine without CUDA, for optimizers whose transformers handler cannot be told
-# them through optim_args (it reads only the keys in their Traits.args). torch-optimi 0.3 decides Triton-or-not from
+# them through optim_args (it reads only the keys in their Traits.args). torch-optimi decides Triton-or-not from
 # an empty parameter list, so wherever Triton is importable it takes the Triton path, which fails on CPU tensors
 # ("0 active drivers"); triton=False selects its for-loop path.
 _NO_CUDA_OPTIMIZER_KWARGS = {"stable_adamw": {"triton": False}}
@@ -51,7 +51,7 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
     """Trainer arguments ft chooses for this machine. They fill only the keys the recipe leaves unset (the rule is
     applied where the config is built, ``ft.trainers.build``); here a default is also dropped when the recipe set
     its alias or its rival (``gradient_checkpointing`` for ``activation_checkpointing``, ``fp16`` for ``bf16``).
-    Also the tracker, by what is installed here (``ft.trackers.defaults``)."""
+    Also the tracker, by what is installed here (``ft.trainers.trackers.defaults``)."""
     explicit = recipe.train_args
     if hw.cuda:
         # TRL's own default, restated under transformers' new name so it warns of no deprecation
@@ -66,8 +66,9 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
     return {**defaults, **trackers.defaults(recipe)}  # report_to: tensorboard where it is installed
 
 
-def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
-    """What this machine cannot run of the recipe (checked before any model or data loads)."""
+def check_hardware(recipe: Recipe, hw: Hardware, processes: int = 1) -> list[Problem]:
+    """What this machine cannot run of the recipe with ``processes`` processes (checked before any model or data
+    loads)."""
     problems = []
     train = recipe.train_args
     if recipe.model.quantization is not None:
@@ -82,7 +83,7 @@ def check_hardware(recipe: Recipe, hw: Hardware) -> list[Problem]:
         problems.append(Problem("train.use_liger_kernel", "Liger kernels are Triton GPU kernels and no CUDA "
                                 "device is visible; remove `train.use_liger_kernel` here."))
     problems += _optimizer_problems(recipe, hw)
-    problems += _distributed_problems(recipe, hw)
+    problems += _distributed_problems(recipe, hw, processes)
     problems += trackers.problems(recipe)  # train.report_to naming a tracker that is not installed
     return problems
 
@@ -115,19 +116,19 @@ def _optimizer_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
     info = traits(name)
     if info.cuda_only and not hw.cuda:
         return [Problem("optimizer.name", f"`{name}` runs on CUDA GPUs only (it fails on a CPU-only torch) and none "
-                        f"is visible; on this machine use `{_CPU_ALTERNATIVE.get(name, 'adamw_torch')}`.")]
+                        f"is visible; on this machine use `{CPU_ALTERNATIVE.get(name, 'adamw_torch')}`.")]
     if info.package and importlib.util.find_spec(PACKAGES[info.package].module) is None:
         return [Problem("optimizer.name", _missing_package(name, info.package))]
     return []
 
 
-def _distributed_problems(recipe: Recipe, hw: Hardware) -> list[Problem]:
+def _distributed_problems(recipe: Recipe, hw: Hardware, processes: int) -> list[Problem]:
     """DeepSpeed where it is not installed (ft does not install it: it builds CUDA kernels against the machine's
-    toolkit), and FSDP over several processes without CUDA: accelerate 1.15 attaches its FSDP plugin only for GPU-like
+    toolkit), and FSDP over several processes without CUDA: accelerate attaches its FSDP plugin only for GPU-like
     distributed types, and on the CPU (``DistributedType.MULTI_CPU``, which ``use_cpu`` gives) drops it, so the
     Trainer would train plain DDP with none of the sharding the recipe asks for (and with ``use_cpu: false`` on a
     machine without GPUs, transformers stops with "Using fsdp only works in distributed training")."""
-    problems, processes = [], process_count(recipe)
+    problems = []
     if uses_deepspeed(recipe) and importlib.util.find_spec("deepspeed") is None:
         key = "distributed.kind" if recipe.distributed.kind == "deepspeed" else "train.deepspeed"
         problems.append(Problem(key, "DeepSpeed is not installed here (ft does not install it); run `pip install "

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .recipe import LoadedRecipe, Problem
+from ..recipe import LoadedRecipe, Problem
 from .signals import STOP_SIGNALS, exit_code
 
 # the CLI's launch flags: the launcher reads them, the ranks must not see them
@@ -141,12 +141,12 @@ def run(loaded: LoadedRecipe, launch: Launch, argv: list[str], command: str, say
 def _prepare_data(loaded: LoadedRecipe, launch: Launch, say: Callable[[str], None]) -> None:
     """``ft preprocess`` in this process before the ranks start (node 0 only: the others find it on the shared
     filesystem, or wait for it without a time limit, ``ft.data.prepare_data``)."""
-    from .recipe.methods import METHODS
+    from ..recipe.methods import METHODS
 
     recipe = loaded.recipe
     if recipe.data.prepared_path is None or not METHODS[recipe.method].ft_tokenizes or launch.node_rank != 0:
         return
-    from .run import preprocess
+    from .preprocess import preprocess
 
     say(f"ft: preparing the data once, before the ranks start, into {recipe.data.prepared_path}")
     preprocess(loaded, say=say)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .models import ModelLoadError
-from .recipe import Recipe
-from .recipe.adapter import AdapterSection
+from ..recipe import Recipe
+from ..recipe.adapter import AdapterSection
+from .loading import ModelLoadError
 
 
 def prepare_base(model, recipe: Recipe, tokenizer, say: Callable[[str], None]) -> tuple[object, list[int]]:
@@ -29,19 +29,24 @@ def prepare_base(model, recipe: Recipe, tokenizer, say: Callable[[str], None]) -
         bits = recipe.model.quantization.bits
         say(f"model: {bits}-bit base through bitsandbytes, prepared for k-bit training (non-quantized layers in "
             "float32, base frozen)")
-    new_ids = _fit_embeddings(model, tokenizer, say)
+    new_ids = fit_embeddings(model, tokenizer, say)
     if recipe.adapter is not None and recipe.adapter.path:
         model = _continue_adapter(model, recipe.adapter.path, say)
     return model, new_ids
 
 
-def _fit_embeddings(model, tokenizer, say) -> list[int]:
+def fit_embeddings(model, tokenizer, say: Callable[[str], None] | None = None) -> list[int]:
+    """Resize ``model``'s embeddings to the tokenizer's length when the tokenizer has more tokens (added special
+    tokens); the ids of the added rows. Training trains those rows (with an adapter, as PEFT's trainable tokens, saved
+    with it); a base rebuilt for an adapter (``ft merge``, ``ft generate``) is resized the same way, and the adapter
+    then supplies their trained values."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) <= rows:
         return []
     model.resize_token_embeddings(len(tokenizer))
-    say(f"model: the tokenizer has {len(tokenizer)} tokens and the embeddings {rows} rows; resized to "
-        f"{len(tokenizer)} (the new rows start from the mean embedding and are trained)")
+    if say is not None:
+        say(f"model: the tokenizer has {len(tokenizer)} tokens and the embeddings {rows} rows; resized to "
+            f"{len(tokenizer)} (the new rows start from the mean embedding and are trained)")
     return list(range(rows, len(tokenizer)))
 
 

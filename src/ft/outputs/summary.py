@@ -1,10 +1,12 @@
-"""What a run did, read from the trainer's log history: ``summary.json`` and the PNGs under ``plots/``."""
+"""What a run did, read from the trainer's log history: ``summary.json`` and ``log_history.json`` (the PNGs under
+``plots/`` are ``outputs.plots``). docs/outputs.md lists every field."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+
+from ..recipe.methods import METHODS
 
 
 def summarize(status: str, log_history: list[dict], *, steps: int, train_seconds: float,
@@ -49,7 +51,7 @@ def versions() -> dict:
     import platform
     from importlib import metadata
 
-    from . import __version__
+    from .. import __version__
 
     found: dict = {"python": platform.python_version(), "ft": __version__}
     for name in PACKAGES:
@@ -60,30 +62,21 @@ def versions() -> dict:
     return found
 
 
-# method -> (summary name, logged key) of the figures that show what the method did; for the preference methods the
-# evaluation's (eval_ + key) when the run evaluated, else the training log's
-HEADLINES = {
-    "sft": (("token_accuracy", "mean_token_accuracy"), ("loss", "loss")),
-    "dpo": (("reward_accuracy", "rewards/accuracies"), ("reward_margin", "rewards/margins")),
-    "orpo": (("reward_accuracy", "rewards/accuracies"), ("reward_margin", "rewards/margins")),
-    "kto": (("reward_margin", "rewards/margins"),),
-    "grpo": (("reward", "reward"),),
-}
-
-
 def headline(method: str, log_history: list[dict]) -> dict:
-    """Each of the method's headline figures at its first and last logged step (``{"first", "last", "first_step",
-    "last_step"}``), and which log they come from: ``eval`` (the first evaluation, often before training with
-    ``eval_on_start``, and the last: the final one) when the run evaluated, else ``train``. GRPO: the mean reward
-    of every generation round's completions, and each reward function's (``rewards/<name>/mean``), from the training
-    log. SFT: eval token accuracy and loss. Empty when the run logged none of them (e.g. stopped before a log line)."""
-    figures = HEADLINES.get(method, ())
-    if method == "grpo":
+    """Each of the method's headline figures (``Method.headlines``) at its first and last logged step (``{"first",
+    "last", "first_step", "last_step"}``), and which log they come from: ``eval`` (the first evaluation, often before
+    training with ``eval_on_start``, and the last: the final one) when the run evaluated, else ``train``. A method that
+    generates (GRPO): the mean reward of every generation round's completions, and each reward function's
+    (``rewards/<name>/mean``), from the training log. SFT: eval token accuracy and loss. Empty when the run logged
+    none of them (e.g. stopped before a log line)."""
+    generates = METHODS[method].generates
+    figures = tuple((figure.name, figure.key) for figure in METHODS[method].headlines)
+    if generates:
         names = dict.fromkeys(k for entry in log_history for k in entry if k.startswith("rewards/") and
                               k.endswith("/mean"))
         figures = (*figures, *((key[len("rewards/"):-len("/mean")], key) for key in names))
-    source = "eval" if method != "grpo" and any(f"eval_{key}" in entry for entry in log_history
-                                                for _, key in figures) else "train"
+    source = "eval" if not generates and any(f"eval_{key}" in entry for entry in log_history
+                                             for _, key in figures) else "train"
     out: dict = {}
     for name, key in figures:
         key = f"eval_{key}" if source == "eval" else key
@@ -117,69 +110,6 @@ def write_summary(output_dir: Path, summary: dict) -> Path:
     path = output_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return path
-
-
-# one PNG per entry: file stem -> (log keys drawn on it, y-axis label); a plot is drawn when a key was logged
-PLOTS = {
-    "loss": (("loss", "eval_loss"), "loss"),
-    "learning_rate": (("learning_rate",), "learning rate"),
-    "grad_norm": (("grad_norm",), "gradient norm (before clipping)"),
-    "reward": (("reward",), "mean reward"),
-    "tokens_per_second": (("tokens_per_second",), "tokens/s (non-padding, since the first batch)"),
-}
-
-LEGEND = {"loss": "train", "eval_loss": "eval"}
-
-# eval_* log keys that get no figure of their own: the loss (on loss.png), the evaluation's own speed, and TRL's count
-# of the tokens trained on so far; every other eval_* key (mean_token_accuracy, rewards/margins, …) gets one
-NOT_EVAL_METRICS = frozenset({"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second",
-                              "eval_num_tokens"})
-
-
-def log_points(log_history: list[dict], key: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of every log entry holding ``key`` as a finite number, in log order."""
-    return [(entry["step"], entry[key]) for entry in log_history if "step" in entry and _finite(entry.get(key))]
-
-
-def plot_series(log_history: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """What ``write_plots`` draws: file stem -> {log key -> its ``(step, value)`` points}, one line per key. The
-    entries of ``PLOTS`` the run logged, then one figure per evaluation metric (``eval_<metric>``, a ``/`` in the
-    name made ``_``) in the order they were first logged. Values that are not finite numbers (NaN) are left out."""
-    figures: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for name, (keys, _) in PLOTS.items():
-        lines = {key: points for key in keys if (points := log_points(log_history, key))}
-        if lines:
-            figures[name] = lines
-    metrics = dict.fromkeys(key for entry in log_history for key in entry
-                            if key.startswith("eval_") and key not in NOT_EVAL_METRICS)
-    for key in metrics:
-        points = log_points(log_history, key)
-        if points:
-            figures[key.replace("/", "_")] = {key: points}
-    return figures
-
-
-def write_plots(output_dir: Path, log_history: list[dict]) -> list[str]:
-    """``plots/<name>.png`` for every figure of ``plot_series``, against the optimizer step; returns the files
-    written, relative to ``output_dir``."""
-    figures = plot_series(log_history)
-    if not figures:
-        return []
-    from .charts import line_chart  # Pillow: only when there is something to draw
-
-    folder = output_dir / "plots"
-    folder.mkdir(exist_ok=True)
-    written = []
-    for name, lines in figures.items():
-        keys, label = PLOTS.get(name, ((name,), f"{name[len('eval_'):]} (eval)"))
-        line_chart(folder / f"{name}.png", [(LEGEND.get(key, key), points) for key, points in lines.items()], label,
-                   legend=len(keys) > 1)
-        written.append(f"plots/{name}.png")
-    return written
-
-
-def _finite(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 LOG_HISTORY = "log_history.json"

@@ -1,27 +1,26 @@
-"""Using what a run leaves: ``ft merge`` (a LoRA adapter folded into its base) and ``ft generate`` (completions).
+"""What a run left, found and loaded: its model or adapter (``locate``), the base an adapter was trained on
+(``find_base``, ``load_base``), and a model with its tokenizer ready to generate (``load_for_generation``), for
+``ft merge`` and ``ft generate``.
 
 A run leaves ``final/`` (or ``checkpoint-N/``) holding either a full model or a PEFT adapter, next to the resolved
 ``recipe.yaml`` and ``summary.json``. An adapter is useless without the exact base it was trained on, so the base is
 rebuilt from what the run recorded rather than from the adapter's own ``base_model_name_or_path`` alone: the
 recipe's model section (revision, dtype, trust_remote_code, quantization) and, for ``model.init: random``, the seed.
 
-Random-init bases: ``ft.models.load_model`` seeds the RNG right before it builds the model from its config, so the
-same recipe and seed give bit-identical weights (with the same torch and transformers versions). A run directory
-therefore records its base exactly even when the base never had weights on disk; a bare adapter folder does not.
-
-QLoRA: the adapter is merged into the base loaded unquantized in the quantization's compute dtype. Training saw
-4/8-bit weights, so the merged model differs slightly from the model as it was during training (by the
-quantization error of the base weights); that is the usual QLoRA merge, and the only one that gives plain weights.
+Random-init bases: ``ft.model.loading.load_model`` seeds the RNG right before it builds the model from its config,
+so the same recipe and seed give bit-identical weights (with the same torch and transformers versions). A run
+directory therefore records its base exactly even when the base never had weights on disk; a bare adapter folder
+does not.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .recipe.errors import first_line
+from ..recipe.errors import first_line
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -56,7 +55,7 @@ def locate(path: Path, arg: str) -> Found:
     if (path / "final").is_dir():
         return locate(path / "final", arg)
     if (path / "recipe.yaml").is_file():
-        from .checkpoints import complete_checkpoints
+        from ..outputs.checkpoints import complete_checkpoints
 
         saved = complete_checkpoints(path)
         pick = (f"pass its newest complete checkpoint, {saved[-1]}, instead" if saved else
@@ -134,7 +133,7 @@ def _recorded_base(run_dir: Path | None) -> dict:
 
 def _run_recipe(run_dir: Path, arg: str):
     """The run's resolved recipe, as ``ft train`` wrote it (validated again, so its model section is typed)."""
-    from .recipe import RecipeError, load_recipe
+    from ..recipe import RecipeError, load_recipe
 
     try:
         return load_recipe(run_dir / "recipe.yaml").recipe
@@ -163,7 +162,7 @@ def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
     _check_weights(base, arg)
     say(f"ft: base {base.name}{'@' + base.revision if base.revision else ''} (pretrained, from {base.source})")
     if base.recipe is not None:
-        from .models import ModelLoadError, load_model
+        from ..model.loading import ModelLoadError, load_model
 
         section = base.recipe.model.model_copy(update={"quantization": None, "dtype": dtype})
         try:
@@ -180,7 +179,7 @@ def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
                              "from the run's recipe.yaml (its model section and seed), and none sits next to the "
                              "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
                              "its recipe.yaml) instead.")
-    from .models import ModelLoadError, load_model
+    from ..model.loading import ModelLoadError, load_model
 
     say(f"ft: base {base.name} rebuilt from random init with seed {base.seed} (from {base.source})")
     section = base.recipe.model.model_copy(update={"quantization": None})  # trained on it quantized: see above
@@ -219,14 +218,16 @@ def _unreachable(base: Base, arg: str, why: str) -> str:
 
 def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[[str], None]):
     """(base + adapter through PEFT, not merged, as training evaluated it; the adapter's tokenizer)."""
-    from .bnb_import import import_bitsandbytes
+    from ..model.adapters import fit_embeddings
+    from ..model.bnb_import import import_bitsandbytes
 
     import_bitsandbytes(uses_it=False)  # the base loads unquantized (load_base): no bitsandbytes code runs
     from peft import PeftModel
 
     base = find_base(found, arg)
     tokenizer = load_tokenizer(found, arg, say, base)
-    model = _fit_embeddings(load_base(base, dtype or base.dtype, arg, say), tokenizer)
+    model = load_base(base, dtype or base.dtype, arg, say)
+    fit_embeddings(model, tokenizer)  # as training resized it; the adapter holds the new rows' values
     try:
         return PeftModel.from_pretrained(model, str(found.path)).eval(), tokenizer
     except (OSError, ValueError, RuntimeError) as exc:
@@ -234,44 +235,7 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
                              f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
 
 
-def _fit_embeddings(model, tokenizer):
-    """The base with as many embedding rows as the tokenizer has tokens, as training resized it (``ft.adapters``);
-    the adapter carries the trained values of the added rows (PEFT's trainable tokens), so how they start is moot."""
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))
-    return model
-
-
-# --- ft merge -----------------------------------------------------------------------------------------------------
-
-def merge(source: Path, out: Path, dtype: str | None = None, say: Callable[[str], None] = print) -> Path:
-    """Fold the adapter of ``source`` into its base and save a plain model (weights, config, tokenizer, chat
-    template) in ``out``: a model any transformers-based tool loads without PEFT or ft."""
-    found = locate(source, "RUN_OR_ADAPTER_DIR")
-    if found.kind == "full":
-        raise InferenceError(f"RUN_OR_ADAPTER_DIR: {found.path} holds a full model (config.json and weights), not a "
-                             "LoRA adapter, so it needs no merge: use it as it is (ft generate, "
-                             "from_pretrained). Only runs with an `adapter:` section leave an adapter to merge.")
-    _check_out(out, found.path)
-    model, tokenizer = load_adapter_model(found, dtype, "RUN_OR_ADAPTER_DIR", say)
-    merged = model.merge_and_unload(safe_merge=True)  # safe_merge: refuse NaNs instead of writing them
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # with the chat template the run trained with (chat_template.jinja)
-    say(f"ft: merged {found.path} into {out}")
-    return out
-
-
-def _check_out(out: Path, adapter: Path) -> None:
-    """Never write into the adapter's own folder or over another model: --out must be new or empty."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InferenceError(f"--out: {out} already exists and is not an empty directory; choose a new directory "
-                             "(ft merge writes config.json, weights and tokenizer files there) or empty it first.")
-    if out.resolve() == adapter.resolve():
-        raise InferenceError("--out: choose a directory other than the adapter's own.")
-
-
-# --- ft generate --------------------------------------------------------------------------------------------------
+# --- a model to generate with -------------------------------------------------------------------------------------
 
 def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None]):
     """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT)."""
@@ -315,108 +279,3 @@ def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Bas
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    chat_template: bool = True  # apply the tokenizer's template when it has one
-
-
-def generate(path: Path, items: list[tuple[str, dict]], sampling: Sampling, dtype: str | None = None,
-             seed: int | None = None, say: Callable[[str], None] = print) -> Iterator[str]:
-    """The completion of each (where, item) in turn. Every prompt is rendered before the first completion, so a
-    bad line fails before any output; ``seed`` is set once, so a whole file of samples is reproducible."""
-    model, tokenizer = load_for_generation(path, dtype, say)
-    texts = [prompt_text(tokenizer, item, sampling, where) for where, item in items]
-    if seed is not None:
-        from transformers import set_seed
-
-        set_seed(seed)
-    for text, templated in texts:
-        yield complete(model, tokenizer, text, templated, sampling)
-
-
-def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str) -> tuple[str, bool]:
-    """The text the model continues, and whether it already holds the special tokens (a rendered template). A
-    plain prompt becomes the user's message when the tokenizer has a chat template, as in training."""
-    templated = sampling.chat_template and bool(getattr(tokenizer, "chat_template", None))
-    if not templated and "messages" in item:
-        why = "--no-chat-template was given" if not sampling.chat_template else "the tokenizer has no chat template"
-        raise InferenceError(f"{where}: `messages` are rendered with the chat template, and {why}; give a `prompt` "
-                             "text instead.")
-    if not templated:
-        return item["prompt"], False
-    messages = item["messages"] if "messages" in item else [{"role": "user", "content": item["prompt"]}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
-
-
-def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling) -> str:
-    """One completion: the new tokens only, decoded without special tokens. A rendered template already holds
-    its special tokens; raw text gets the tokenizer's usual ones (BOS)."""
-    import torch
-
-    encoded = tokenizer(text, return_tensors="pt", add_special_tokens=not templated).to(model.device)
-    with torch.no_grad():
-        output = model.generate(**encoded, generation_config=_generation_config(model, tokenizer, sampling))
-    return tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
-
-
-def _generation_config(model, tokenizer, sampling: Sampling):
-    """The model's generation config with ft's sampling settings; stops at the tokenizer's end of turn too (a chat
-    template may end turns with a token the base's config does not list)."""
-    import copy
-
-    config = copy.deepcopy(model.generation_config)
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    config.eos_token_id = sorted({token for token in (*eos, tokenizer.eos_token_id) if token is not None})
-    config.pad_token_id = tokenizer.pad_token_id
-    config.max_new_tokens = sampling.max_new_tokens
-    config.max_length = None
-    greedy = sampling.temperature == 0
-    config.do_sample = not greedy
-    config.temperature = None if greedy else sampling.temperature
-    config.top_p = None if greedy else sampling.top_p
-    config.top_k = None
-    return config
-
-
-def read_prompts(path: Path) -> list[tuple[str, dict]]:
-    """(file:line, object) for each non-blank line of a JSON-lines prompt file; each object has exactly one of
-    ``prompt`` (text) or ``messages`` (a chat: a list of {role, content})."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InferenceError(f"--file: cannot read {path}: {first_line(exc)}.") from None
-    items = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"--file {path}:{number}"
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise InferenceError(f"{where}: not a JSON object ({first_line(exc)}); write one object per line, "
-                                 'e.g. {"prompt": "What is 2+2?"}.') from None
-        _check_item(item, where)
-        items.append((where, item))
-    if not items:
-        raise InferenceError(f"--file: {path} holds no prompts; write one JSON object per line.")
-    return items
-
-
-def _check_item(item: object, where: str) -> None:
-    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-        raise InferenceError(f"{where}: each line needs exactly one of `prompt` (text) or `messages` (a list of "
-                             '{"role", "content"} objects).')
-    if "prompt" in item and not isinstance(item["prompt"], str):
-        raise InferenceError(f"{where}: `prompt` must be a string.")
-    if "messages" in item and not _is_chat(item["messages"]):
-        raise InferenceError(f'{where}: `messages` must be a non-empty list of {{"role", "content"}} objects.')
-
-
-def _is_chat(messages: object) -> bool:
-    return (isinstance(messages, list) and bool(messages)
-            and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages))

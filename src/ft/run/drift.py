@@ -18,17 +18,16 @@ checkpointing, wrapping) are harmless. A recipe written before these sections ex
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from .checkpoints import ResumeError
-from .recipe import Recipe
-from .recipe.distributed import DeepSpeedSettings, DistributedSection, FsdpSettings, LaunchSection
-from .recipe.redact import resolved_recipe_yaml
-from .recipe.train_section import method_fields
+from ..outputs.checkpoints import ResumeError
+from ..recipe import Recipe
+from ..recipe.distributed import DeepSpeedSettings, DistributedSection, FsdpSettings, LaunchSection
+from ..recipe.resolved import resolved_recipe_yaml
+from ..recipe.train_section import method_fields
 
 # dotted-key prefixes of changes that leave the training trajectory alone ("train.eval_" covers eval_strategy,
 # eval_steps, …; "data.eval" the evaluation sources, but not data.eval.split_ratio, which moves rows out of training)
@@ -61,16 +60,17 @@ class DriftError(ResumeError):
     """The resuming recipe changes what the checkpoint was trained with (exit code 2)."""
 
 
-def check_drift(recipe: Recipe, output_dir: Path, checkpoint: str, command: str) -> list[Change]:
-    """Raise ``DriftError`` when ``recipe`` changes anything but ``HARMLESS`` keys against ``output_dir/recipe.yaml``;
-    return the harmless changes (for a note). A run without a saved recipe has nothing to compare."""
+def check_drift(recipe: Recipe, output_dir: Path, checkpoint: str, command: str, world_size: int = 1) -> list[Change]:
+    """Raise ``DriftError`` when ``recipe`` changes anything but ``HARMLESS`` keys against ``output_dir/recipe.yaml``,
+    or resumes ``checkpoint`` with another number of processes than the ``world_size`` it runs with; return the
+    harmless changes (for a note). A run without a saved recipe has nothing to compare."""
     saved_file = output_dir / "recipe.yaml"
     if not saved_file.is_file():
         return []
     saved = yaml.safe_load(saved_file.read_text()) or {}
     now = yaml.safe_load(resolved_recipe_yaml(recipe))  # as it would be saved: redacted, in YAML's types
     changes = differences(_with_section_defaults(saved), _with_section_defaults(now), recipe.method)
-    changes += _process_change(Path(checkpoint), int(os.environ.get("WORLD_SIZE", "1")))
+    changes += _process_change(Path(checkpoint), world_size)
     blocking = [change for change in changes if not is_harmless(change.key)]
     if blocking:
         listed = "\n".join(f"  - {change.render()}" for change in blocking)

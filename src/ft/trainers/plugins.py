@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .recipe import Problem
+from ..recipe import Problem
 
 
 class PluginError(Exception):
@@ -38,7 +38,7 @@ def resolve(reference: str, key: str, base_dir: Path):
         raise PluginError(Problem(key, f"importing `{module_name}` raised {type(exc).__name__}: {exc}")) from None
     if not hasattr(module, attribute):
         public = [name for name in dir(module) if not name.startswith("_")]
-        from .recipe.errors import did_you_mean
+        from ..recipe.errors import did_you_mean
 
         raise PluginError(Problem(key, f"`{module_name}` has no `{attribute}`.{did_you_mean(attribute, public)}"))
     return getattr(module, attribute)
@@ -59,7 +59,7 @@ def resolve_class(reference: str, key: str, base_dir: Path, base: type, kwargs: 
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         for arg in kwargs:
             if arg not in params:
-                from .recipe.errors import did_you_mean
+                from ..recipe.errors import did_you_mean
 
                 raise PluginError(Problem(f"{section}.kwargs.{arg}", f"`{name}` takes no argument `{arg}`; it takes "
                                           f"{', '.join(params)}.{did_you_mean(arg, params)}"))

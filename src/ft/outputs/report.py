@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import report
+from .plots import NOT_EVAL_METRICS, log_points
+from .summary import LOG_HISTORY, summarize
 
 # the keys left out of the recipe comparison: every run has its own output directory
 SAME_BY_DESIGN = ("train.output_dir",)
@@ -89,7 +90,7 @@ def load_run(path: Path) -> Run:
     newest = _read_json(saved[-1] / "trainer_state.json") if saved else None
     newest_step = (newest or {}).get("global_step", 0)
     if summary is not None and (summary.get("status") == "completed" or newest_step <= (summary.get("steps") or 0)):
-        history = _read_json(path / report.LOG_HISTORY, list)
+        history = _read_json(path / LOG_HISTORY, list)
         if history is None and newest is not None:  # written by an ft before log_history.json
             history = newest.get("log_history", [])
         return Run(path, path.name, str(summary.get("status")), summary, history or [], recipe)
@@ -103,12 +104,12 @@ def load_run(path: Path) -> Run:
 def progress_summary(status: str, log_history: list[dict], state: dict) -> dict:
     """The figures of summary.json a run in progress already has, from a checkpoint's ``trainer_state.json``
     (``state``): steps, epochs, losses, evaluations, and the training log's latest tokens/s and padding efficiency."""
-    summary = report.summarize(status, log_history, steps=state.get("global_step", 0), train_seconds=0.0,
+    summary = summarize(status, log_history, steps=state.get("global_step", 0), train_seconds=0.0,
                                final_eval=None)
     summary["train_seconds"] = None  # not in a checkpoint
     summary["epochs"] = state.get("epoch")
     for key in ("tokens_per_second", "padding_efficiency"):
-        points = report.log_points(log_history, key)
+        points = log_points(log_history, key)
         summary[key] = points[-1][1] if points else None
     return summary
 
@@ -123,7 +124,7 @@ def _read_json(path: Path, kind: type = dict):
 
 
 def _read_recipe(path: Path) -> dict | None:
-    from .recipe.yaml_io import YamlSyntaxError, parse_yaml
+    from ..recipe.yaml_io import YamlSyntaxError, parse_yaml
 
     try:
         data, _ = parse_yaml(path.read_text(), str(path))
@@ -216,7 +217,7 @@ def _rows(runs: list[Run]):
     yield "eval loss", each("eval_loss"), True
     evals = [summary.get("final_eval") or summary.get("last_eval") or {} for summary in summaries]
     metrics = dict.fromkeys(key for found in evals for key in found
-                            if key.startswith("eval_") and key not in report.NOT_EVAL_METRICS)
+                            if key.startswith("eval_") and key not in NOT_EVAL_METRICS)
     for key in metrics:
         yield f"eval {key[len('eval_'):]}", [found.get(key) for found in evals], False
     yield "tokens/s", each("tokens_per_second"), True
@@ -301,7 +302,7 @@ def write_overlay_plots(runs: list[Run], folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (key, label) in OVERLAYS.items():
-        lines = [(run.label, report.log_points(run.log_history, key)) for run in runs]
+        lines = [(run.label, log_points(run.log_history, key)) for run in runs]
         if any(points for _, points in lines):
             path = folder / f"{name}.png"
             line_chart(path, lines, label)

@@ -2,7 +2,7 @@
 
 ``--resume never`` into a directory that holds another run's checkpoints, ``final/`` or summary is refused unless
 ``--overwrite`` clears them first: a fresh run would leave the old run's higher-numbered checkpoints in place, where
-a later ``--resume auto`` would pick them up. How a run stops by signal is in ``ft.signals``.
+a later ``--resume auto`` would pick them up. How a run stops by signal is in ``ft.run.signals``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from .recipe.redact import REDACTED, SECRET_KEY
+from ..recipe.redact import REDACTED, SECRET_KEY
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
 
@@ -61,7 +61,7 @@ def previous_run(output_dir: Path) -> list[str]:
 def clear_previous_run(output_dir: Path) -> None:
     """Delete what a run writes in ``output_dir`` (``--overwrite``); files of the user's own stay."""
     names = ("final", "plots", "summary.json", "log_history.json", "recipe.yaml",
-             "tb", "trackio")  # the trackers' folders under output_dir (ft.trackers.LOCAL_DIRS)
+             "tb", "trackio")  # the trackers' folders under output_dir (ft.trainers.trackers.LOCAL_DIRS)
     for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("error*.log"),
                  *(output_dir / name for name in names)]:
         if path.is_dir():

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from .data import DataError
+from ..data import DataError
+from ..recipe import Problem
+from ..recipe.errors import did_you_mean, first_line
+from ..recipe.methods import RewardSpec
 from .plugins import PluginError, check_signature, resolve
-from .recipe import Problem
-from .recipe.errors import did_you_mean, first_line
-from .recipe.methods import RewardSpec
 
 RewardFn = Callable[..., list]
 _NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
@@ -147,15 +147,15 @@ BUILTINS: dict[str, Callable[..., RewardFn]] = {
 }
 
 
-def reward_functions(specs: Sequence[RewardSpec], base_dir: Path) -> list[RewardFn]:
-    """The reward functions of ``grpo.rewards`` (``specs``), in recipe order. Their weights stay in the recipe: TRL
-    reads them from its config (``GRPOConfig.reward_weights``).
+def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str) -> list[RewardFn]:
+    """The reward functions of ``<section>.rewards`` (``specs``; ``section``: the method section, ``grpo``), in
+    recipe order. Their weights stay in the recipe: TRL reads them from its config (``GRPOConfig.reward_weights``).
 
     Raises ``PluginError`` naming the recipe key (``grpo.rewards.<i>.fn``, ``grpo.rewards.<i>.args``, …).
     """
     functions, names = [], set()
     for i, spec in enumerate(specs):
-        key = f"grpo.rewards.{i}"
+        key = f"{section}.rewards.{i}"
         if spec.name is not None:
             fn = _builtin(spec.name, dict(spec.args), key)
             fn.__name__ = fn.__qualname__ = spec.name  # a fresh closure: it carries the built-in's name

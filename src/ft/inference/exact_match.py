@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .data.rows import BadRows, DataError
+from ..data.rows import BadRows, DataError
 
 EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 
@@ -38,10 +38,10 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     first rows, right or wrong)."""
     import torch
 
-    from .inference import Sampling, _generation_config
+    from .generate import Sampling, generation_config
 
     rows = [row if isinstance(row, HeldOut) else HeldOut(row["prompt"], str(row["answer"])) for row in rows]
-    config = _generation_config(model, tokenizer, Sampling(max_new_tokens=max_new_tokens))
+    config = generation_config(model, tokenizer, Sampling(max_new_tokens=max_new_tokens))
     stops = set(config.eos_token_id) | ({tokenizer.pad_token_id} - {None})
     side, tokenizer.padding_side = tokenizer.padding_side, "left"  # generation continues every row at its end
     was_training = model.training
@@ -72,7 +72,7 @@ def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
     """The first ``n`` held-out rows of ``recipe`` for ``data.eval_exact_match``: its ``source`` when set, else the
     recipe's evaluation data (its ``data.eval`` sources, or the rows ``split_ratio`` holds out). Raises DataError
     when there are none."""
-    from .data.build import _read
+    from ..data.build import read_splits
 
     settings = recipe.data.eval_exact_match
     field = settings.field if settings is not None else "answer"
@@ -83,7 +83,7 @@ def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
         key, sources = "data.eval", recipe.data.eval_sources
         dataset = _rows(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))])
     elif recipe.data.has_eval:  # split_ratio: the training rows it holds out
-        key, dataset = "data.eval", _read(recipe, _quiet)[1]
+        key, dataset = "data.eval", read_splits(recipe, _quiet)[1]
     else:
         raise DataError("data.eval_exact_match: the recipe has no held-out data to score; give `data.eval` or "
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
@@ -131,17 +131,12 @@ def _rows(recipe, sources, keys: list[str]):
     ``ft train`` reads them."""
     import datasets
 
-    from .data.formats import normalize
-    from .data.sources import mix, read_source
+    from ..data.build import read_sources
 
-    data, report = recipe.data, BadRows()
     shown = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # a re-read of a few hundred rows: its bars would only interrupt the report
     try:
-        parts = [normalize(read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=name),
-                           source, key=name, on_bad_row=data.on_bad_row, report=report)
-                 for name, source in zip(keys, sources, strict=True)]
-        return mix(parts, keys)
+        return read_sources(recipe, sources, keys, BadRows())
     finally:
         if shown:
             datasets.enable_progress_bars()

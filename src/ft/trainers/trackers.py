@@ -2,7 +2,7 @@
 
 ``train.report_to``, ``run_name``, ``project``, ``logging_steps``, ``logging_strategy``, ``log_level``,
 ``log_level_replica`` and ``log_on_each_node`` are TrainingArguments fields: ``train:`` passes them through verbatim.
-ft adds three things (transformers 5.24, TRL 1.16):
+ft adds three things (to the transformers and TRL releases docs/architecture.md names):
 
 - **The default** (``defaults``, merged into ``hardware.device_defaults``, so a value the recipe writes wins):
   ``report_to: [tensorboard]`` where the ``tensorboard`` package imports, else transformers' own ``none``.
@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .recipe import Problem, Recipe
-from .recipe.optimizers import Package
+from ..recipe import Problem, Recipe
+from ..recipe.optimizers import Package
 
 TRACKERS: dict[str, Package] = {
     "tensorboard": Package("tensorboard", "ft[track]"),

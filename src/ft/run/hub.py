@@ -9,20 +9,12 @@ start of ``ft train``, before any model or data loads, next to ``hardware.check_
 
 from __future__ import annotations
 
-from .recipe import Problem, Recipe
-from .recipe.errors import first_line
+from ..recipe import Problem, Recipe
+from ..recipe.errors import first_line
+from ..recipe.hub import pushing_keys
 
 FIX = ("set the `HF_TOKEN` environment variable to a write token (https://huggingface.co/settings/tokens) or run "
        "`hf auth login` on this machine")
-
-# train: keys that make the trainer write to the Hub: the model repository (transformers), GRPO's completions
-# dataset (TRL creates it when the trainer is built)
-PUSHING = ("push_to_hub", "log_completions_hub_repo")
-
-
-def pushing_keys(recipe: Recipe) -> list[str]:
-    """The ``train.*`` keys of ``recipe`` that push to the Hub."""
-    return [f"train.{key}" for key in PUSHING if recipe.train_args.get(key)]
 
 
 def check_hub(recipe: Recipe) -> list[Problem]:

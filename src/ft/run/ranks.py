@@ -17,6 +17,13 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_world_size() -> int | None:
+    """The run's process count when this process is one rank of it (torchrun, accelerate and ``ft train
+    --num-processes`` set WORLD_SIZE for each rank); None in a process no launcher started."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 

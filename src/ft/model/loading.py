@@ -2,19 +2,25 @@
 
 ``init: random`` builds the model from the same ``config.json`` that ``init: pretrained`` would load
 weights for, so both go through one code path (the quickstart uses it to run with no hub access).
-Adapters are in ``ft.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
+Adapters are in ``ft.model.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
 """
 
 from __future__ import annotations
 
-from .recipe import Recipe
-from .recipe.distributed import uses_fsdp
-from .recipe.errors import first_line
-from .recipe.schema import ModelSection, QuantizationSection
+from ..recipe import Recipe
+from ..recipe.errors import first_line
+from ..recipe.processes import uses_fsdp
+from ..recipe.schema import ModelSection, QuantizationSection
 
 
 class ModelLoadError(Exception):
     """The model or tokenizer named in the recipe could not be loaded (exit code 2)."""
+
+
+def names_a_path(name: str) -> bool:
+    """``model.name`` is a path (absolute, ./ ../ ~, or more than one ``/``), not a hub id (``org/name``): where it
+    does not exist, it is a missing folder rather than a model to download."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def _common_kwargs(section: ModelSection) -> dict:
@@ -106,7 +112,7 @@ def load_reference_model(name: str, section: ModelSection, fsdp: bool = False):
 def bnb_config(section: QuantizationSection, fsdp: bool = False):
     """bitsandbytes' config for ``model.quantization``. Under FSDP 4-bit weights are stored in the compute dtype
     (``bnb_4bit_quant_storage``): FSDP shards a parameter as a tensor of its storage dtype, and the default uint8
-    packing does not survive FSDP2's DTensor conversion (accelerate 1.15's ``fsdp2_prepare_model`` then leaves such
+    packing does not survive FSDP2's DTensor conversion (accelerate's ``fsdp2_prepare_model`` then leaves such
     weights out of sharding, unsharded on every process, and says to "set bnb_4bit_quant_storage to a floating
     dtype"); the float storage holds the same packed bits, so the weights and the adapter trained on them are the
     same."""

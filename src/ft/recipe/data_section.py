@@ -1,0 +1,86 @@
+"""The ``data:`` section: training and evaluation sources, how rows become tokens, the prepared-dataset cache, and
+the exact match scored after training.
+
+Relative source paths are resolved against the recipe file's directory; ``prepared_path`` is relative to where
+``ft`` runs (an output, like ``train.output_dir``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field, PositiveInt, StrictBool, StrictStr, field_validator
+
+from .base import Section, resolve_input_path
+from .names import FORMATS
+
+Number = Union[int, float]
+
+
+class DataSource(Section):
+    path: StrictStr = Field(description="A local file (.jsonl/.json/.parquet/.csv/.txt), a `save_to_disk` "
+                            "directory, or a hub dataset id.")
+    format: Literal[FORMATS] = Field("chat", description="How rows are read: " + ", ".join(FORMATS) + ".")
+    split: StrictStr = Field("train", description="Split to read (hub datasets and dataset dicts).")
+    name: Optional[StrictStr] = Field(None, description="Hub dataset configuration name.")
+    revision: Optional[StrictStr] = Field(None, description="Hub dataset revision (a commit pins the data).")
+    fraction: Number = Field(1.0, gt=0, le=1,
+                             description="Share of this source's rows to use (sampled with data.seed).")
+    fields: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict, description="Canonical name -> this source's name, for columns and message keys, "
+        "e.g. {messages: conversations, role: from, content: value} for ShareGPT.")
+    roles: dict[StrictStr, StrictStr] = Field(
+        default_factory=dict,
+        description="This source's role names -> canonical roles, e.g. {human: user, gpt: assistant}.")
+
+    resolve_path = field_validator("path")(resolve_input_path)
+
+
+class SplitRatio(Section):
+    split_ratio: Number = Field(gt=0, lt=1, description="Share of the training rows held out for evaluation.")
+
+
+class ExactMatchSettings(Section):
+    """Greedy answers to the first ``n`` held-out prompts, compared with their expected answers (stripped text) at
+    the end of ``ft train``; printed and recorded under ``exact_match`` in summary.json."""
+
+    n: PositiveInt = Field(200, description="Held-out prompts to answer (the first n rows).")
+    max_new_tokens: PositiveInt = Field(8, description="Tokens generated per answer.")
+    batch_size: PositiveInt = Field(64, description="Prompts generated together.")
+    source: Optional[DataSource] = Field(
+        None, description="Held-out rows to score instead of `data.eval` (e.g. {path: prompts-eval.jsonl, "
+        "format: prompt} for GRPO): chat (last assistant turn), preference (chosen), prompt (`field`), text.")
+    field: StrictStr = Field("answer", description="`prompt` rows: the field holding the expected answer.")
+
+
+class DataSection(Section):
+    train: list[DataSource] = Field(min_length=1, description="Training sources, mixed (concatenated, then shuffled "
+                                    "by the trainer).")
+    eval: Union[list[DataSource], SplitRatio] = Field(
+        default_factory=list, description="Evaluation sources, or {split_ratio: 0.05} to hold out training rows.")
+    seed: int = Field(42, description="Seed for fractions and split_ratio.")
+    max_length: PositiveInt = Field(1024, description="Tokens per sequence.")
+    truncation: Literal["truncate", "drop"] = Field(
+        "truncate", description="Rows longer than max_length: cut to max_length, or dropped (both counted).")
+    packing: StrictBool = Field(False, description="Pack several rows into each sequence (SFT only).")
+    train_on: Literal["assistant", "all"] = Field(
+        "assistant", description="Which tokens carry loss: assistant turns (chat) / completions (text) only, or all.")
+    chat_template: Optional[StrictStr] = Field(
+        None, description="Unset: the tokenizer's own; `chatml` or `llama3`; or an inline Jinja template.")
+    num_proc: Optional[PositiveInt] = Field(None, description="Processes for tokenization.")
+    prepared_path: Optional[StrictStr] = Field(
+        None, description="Where `ft preprocess` writes the tokenized dataset and `ft train` reads it "
+        "(relative to the working directory).")
+    require_prepared: StrictBool = Field(
+        False, description="Refuse to train when the prepared dataset is missing or stale instead of rebuilding it.")
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error", description="A row that does not fit its format: stop and list it, or skip it (counted per reason).")
+    eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
+
+    @property
+    def eval_sources(self) -> list[DataSource]:
+        return self.eval if isinstance(self.eval, list) else []
+
+    @property
+    def has_eval(self) -> bool:
+        return bool(self.eval_sources) or isinstance(self.eval, SplitRatio)
