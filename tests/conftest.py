@@ -78,3 +78,25 @@ def sft_model(tmp_path_factory) -> Path:
                     "--set", "train.eval_strategy='no'", "--set", "train.save_strategy='no'")
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "final"
+
+
+def final_weights(run: Path) -> dict:
+    """The tensors of a run's final/: the model's, or the adapter's for a LoRA run."""
+    from safetensors.torch import load_file
+
+    (weights,) = [path for name in ("model.safetensors", "adapter_model.safetensors")
+                  if (path := run / "final" / name).is_file()]
+    return load_file(weights)
+
+
+def assert_same_final_weights(run: Path, reference: Path) -> None:
+    """final/ of two runs holds the same tensors, bit for bit."""
+    import torch
+
+    ours, theirs = final_weights(run), final_weights(reference)
+    assert ours.keys() == theirs.keys() and ours
+    different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+    worst = max((float((ours[n].float() - theirs[n].float()).abs().max()) for n in different), default=0.0)
+    assert not different, (f"{len(different)} of {len(ours)} tensors differ from the uninterrupted run (max abs "
+                           f"difference {worst:.3g}): {different[:3]}")
+

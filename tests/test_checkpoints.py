@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-import torch
-from conftest import ASSETS, ROOT, run_ft, tiny_sft
-from safetensors.torch import load_file
+from conftest import ASSETS, ROOT, assert_same_final_weights, run_ft, tiny_sft
 
 from ft.outputs.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
@@ -34,10 +34,13 @@ def test_auto_skips_incomplete_and_orders_numerically(tmp_path):
     _checkpoint(tmp_path, 12, complete=False)  # a JIT save still running (or killed)
     _checkpoint(tmp_path, 14, state='{"global_step": 14, "log_hi')  # killed while writing its state file
     (tmp_path / "checkpoint-16").mkdir()  # killed before the state file
-    assert resolve_resume("auto", tmp_path) == str(newest_complete)
+    resume = resolve_resume("auto", tmp_path)
+    assert resume.path == str(newest_complete)
+    assert [(Path(item.checkpoint).name, item.file) for item in resume.passed_over] == [
+        ("checkpoint-14", "trainer_state.json")]  # a state file cut short is named; unfinished saves are not
     with pytest.raises(ResumeError, match="holds another run"):  # a fresh run would mix with these
         resolve_resume("never", tmp_path)
-    assert resolve_resume("auto", tmp_path / "empty") is None
+    assert resolve_resume("auto", tmp_path / "empty").path is None
 
 
 def test_the_incomplete_marker_is_the_file_transformers_keeps_in_a_jit_checkpoint_while_saving(tmp_path):
@@ -75,7 +78,7 @@ def test_the_incomplete_marker_is_the_file_transformers_keeps_in_a_jit_checkpoin
 
 
 def test_explicit_path_must_be_a_complete_checkpoint(tmp_path):
-    assert resolve_resume(str(_checkpoint(tmp_path, 3)), tmp_path) == str(tmp_path / "checkpoint-3")
+    assert resolve_resume(str(_checkpoint(tmp_path, 3)), tmp_path).path == str(tmp_path / "checkpoint-3")
     with pytest.raises(ResumeError, match="not a complete checkpoint"):
         resolve_resume(str(tmp_path / "nope"), tmp_path)
 
@@ -86,7 +89,9 @@ def test_bad_resume_path_exits_2(write_recipe, tmp_path):
 
 
 SLOW_STEPS = """
+import shutil
 import time
+from pathlib import Path
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -153,14 +158,6 @@ def steps_by_run(log) -> list[list[int]]:
     return list(runs.values())
 
 
-def assert_same_final_weights(run, reference) -> None:
-    """final/model.safetensors of two runs hold the same tensors, bit for bit."""
-    ours, theirs = load_file(run / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
-    assert ours.keys() == theirs.keys() and ours
-    different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
-    assert not different, f"{len(different)} of {len(ours)} tensors differ from the uninterrupted run: {different[:3]}"
-
-
 def _stop(command, out, env, at_step: int, signum=signal.SIGTERM) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     signal_at_step(process, out, at_step, signum)
@@ -172,7 +169,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     (tmp_path / "step_log.py").write_text(STEP_LOG)
     out, total = tmp_path / "out", 150
-    # save_strategy "no": no periodic checkpoints. transformers saves the JIT checkpoint 3 s after the signal: with
+    # save_strategy "no": no periodic checkpoints. ft saves the checkpoint at the first step end 3 s after the signal:
     # steps of >= 50 ms (SlowSteps) at most 60 steps later, so both stops come well before step 150
     recipe = tiny_sft(out, max_steps=total)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
@@ -191,7 +188,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
         assert summary["stopped_by"] == "SIGTERM" and summary["resume_command"] == resume
-        assert summary["steps"] - stops[-1] in (0, 1)  # acted on before an optimizer step, the save is a step back
+        assert summary["steps"] == stops[-1]  # saved at the step end it stopped at
         # the resume command is the one that was run, --set included, and the wait before the save is explained
         assert "stopped by SIGTERM" in stderr and resume in stderr and "waits 3 s after the signal" in stderr
     assert 5 <= stops[0] < stops[1] < total
@@ -257,3 +254,91 @@ def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM, stderr[-3000:]
     assert not (out / "summary.json").exists() and not list(out.glob("checkpoint-*"))
+
+
+# --- a damaged checkpoint -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A 4-step run with checkpoints at steps 2 and 4 (weights, optimizer, scheduler, RNG state, trainer state)."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
+    recipe.write_text(json.dumps(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2)))
+    result = run_ft("train", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def _cut(path) -> None:
+    """The file cut to half its length, as a copy or a disk fault that stopped short leaves it."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+                                  "trainer_state.json"])
+def test_each_file_resuming_reads_is_checked_to_read_back(saved_run, tmp_path, name):
+    from ft.outputs.checkpoints import unreadable_files
+
+    checkpoint = tmp_path / "checkpoint-4"
+    shutil.copytree(saved_run / "checkpoint-4", checkpoint)
+    assert name in {p.name for p in checkpoint.iterdir()} and unreadable_files(checkpoint) == []
+    _cut(checkpoint / name)
+    (damaged,) = unreadable_files(checkpoint)
+    assert damaged[0] == name and damaged[1], damaged
+
+
+def test_a_flipped_byte_in_a_torch_archive_fails_its_checksum(saved_run, tmp_path):
+    from ft.outputs.checkpoints import unreadable_files
+
+    checkpoint = tmp_path / "checkpoint-4"
+    shutil.copytree(saved_run / "checkpoint-4", checkpoint)
+    data = bytearray((checkpoint / "optimizer.pt").read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside a stored tensor: the archive's structure is intact
+    (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    assert [name for name, _ in unreadable_files(checkpoint)] == ["optimizer.pt"]
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_one_before(saved_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    for name in ("summary.json", "final"):  # as a run stopped after its step-4 checkpoint would leave it
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    _cut(out / "checkpoint-4" / "model.safetensors")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2)))
+
+    resumed = run_ft("train", str(recipe))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{out / 'checkpoint-4' / 'model.safetensors'}: does not read back as safetensors" in resumed.stderr
+    assert f"resuming from {out / 'checkpoint-2'}" in resumed.stderr and "Traceback" not in resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(out / "checkpoint-2")
+    assert [(Path(u["checkpoint"]).name, u["file"]) for u in summary["unreadable_checkpoints"]] == [
+        ("checkpoint-4", "model.safetensors")]
+
+    # none reads back: exit 2, naming each damaged file and the ways on
+    for name in ("summary.json", "final"):
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    for checkpoint in complete_checkpoints(out):
+        _cut(checkpoint / "optimizer.pt")
+    refused = run_ft("train", str(recipe))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "no checkpoint" in refused.stderr and "reads back" in refused.stderr and "--resume never --overwrite" in \
+        refused.stderr and f"{out / 'checkpoint-2' / 'optimizer.pt'}" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_the_trainer_is_built_without_transformers_own_stop_on_sigterm(write_recipe, tmp_path):
+    """ft stops at a step end itself (ft.trainers.preemption): the Trainer's JIT callback, whose checkpoint can hold
+    the random state of a step it has not finished, is gone, and so is the SIGTERM handler it installed; the recipe's
+    setting still reads as set."""
+    from conftest import built_trainer
+    from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer, _ = built_trainer(write_recipe(tiny_sft(tmp_path / "out")))
+    assert trainer.args.enable_jit_checkpoint is True
+    assert not [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -10,8 +10,8 @@ import shlex
 import subprocess
 import sys
 
-from conftest import ROOT, tiny_sft
-from test_checkpoints import SLOW_STEPS, STEP_LOG, assert_same_final_weights, sigterm_once_started, steps_by_run
+from conftest import ROOT, assert_same_final_weights, tiny_sft
+from test_checkpoints import SLOW_STEPS, STEP_LOG, sigterm_once_started, steps_by_run
 
 from ft.outputs.checkpoints import complete_checkpoints
 
@@ -39,11 +39,14 @@ def test_two_processes_train_data_parallel_and_write_the_run_once(write_recipe, 
     assert (out / "final" / "config.json").is_file()
 
 
+LORA_WITH_DROPOUT = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.1}  # draws random numbers at every step
+
+
 def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     (tmp_path / "step_log.py").write_text(STEP_LOG)
     out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=60, logging_steps=10)
+    recipe = {**tiny_sft(out, max_steps=60, logging_steps=10), "adapter": LORA_WITH_DROPOUT}
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
     env = {**os.environ, "TQDM_DISABLE": "1"}
@@ -74,8 +77,10 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     for rank in (0, 1):
         _, second_run = steps_by_run(out / f"steps-rank{rank}.log")
         assert second_run == list(range(stopped_at + 1, 61)), rank
-    # ... and the resumed run ends where an uninterrupted 2-process run of the same recipe and seed ends
-    uninterrupted = tiny_sft(tmp_path / "uninterrupted", max_steps=60, logging_steps=10)
+    # ... and the resumed run ends where an uninterrupted 2-process run of the same recipe and seed ends: each rank's
+    # random state (its dropout masks) is in the checkpoint
+    uninterrupted = {**tiny_sft(tmp_path / "uninterrupted", max_steps=60, logging_steps=10),
+                     "adapter": LORA_WITH_DROPOUT}
     reference = subprocess.run(_torchrun(write_recipe(uninterrupted, name="uninterrupted.yaml")), cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-3000:]

@@ -219,3 +219,16 @@ def test_layerwise_refuses_several_processes(write_recipe, tmp_path):
     changes = {"optimizer": {"name": "galore_adamw_layerwise", "target_modules": ["attn"]}}
     errors = _errors(write_recipe, tmp_path, changes, processes=Processes(2, "WORLD_SIZE=2"))
     assert "WORLD_SIZE=2" in errors["optimizer.name"]
+
+
+def test_grpo_checkpoints_inside_a_generation_round_are_a_warning(write_recipe, tmp_path):
+    """A checkpoint inside a round of generated completions resumes with newly generated ones (no checkpoint holds
+    the buffer): save_steps should end rounds."""
+    recipe = grpo_recipe(tmp_path)
+    recipe["grpo"]["steps_per_generation"] = 4
+    recipe["train"].update(save_strategy="steps", save_steps=6)
+    assert "generation round" in _warnings(write_recipe, tmp_path, {}, base=recipe)["train.save_steps"]
+    recipe["train"]["save_steps"] = 8
+    assert "train.save_steps" not in _warnings(write_recipe, tmp_path, {}, base=recipe)
+    recipe["train"].update(save_steps=6, gradient_accumulation_steps=2)  # 12 micro-batches: three rounds
+    assert "train.save_steps" not in _warnings(write_recipe, tmp_path, {}, base=recipe)

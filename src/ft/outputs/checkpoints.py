@@ -1,8 +1,13 @@
-"""Where a run resumes from: the newest complete checkpoint, a path, or nothing (and then not on top of another run).
+"""Where a run resumes from: the newest complete checkpoint that reads back, a path, or nothing (and then not on top of
+another run).
 
 ``--resume never`` into a directory that holds another run's checkpoints, ``final/`` or summary is refused unless
 ``--overwrite`` clears them first: a fresh run would leave the old run's higher-numbered checkpoints in place, where
 a later ``--resume auto`` would pick them up. How a run stops by signal is in ``ft.run.signals``.
+
+A checkpoint that finished writing can still be damaged later (a disk or copy fault). Before a run resumes, the files
+resuming reads are checked to read back (``unreadable_files``); ``--resume auto`` passes over a damaged checkpoint,
+naming the file and what is wrong, to the newest one that reads back.
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ import json
 import re
 import shlex
 import shutil
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..recipe.errors import first_line
 from ..recipe.redact import REDACTED, SECRET_KEY
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
@@ -20,6 +28,74 @@ INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers wh
 
 class ResumeError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A file of a checkpoint that does not read back, and what is wrong with it."""
+
+    checkpoint: str
+    file: str
+    problem: str
+
+    def render(self) -> str:
+        return f"{Path(self.checkpoint) / self.file}: {self.problem}"
+
+    def as_dict(self) -> dict:
+        return {"checkpoint": self.checkpoint, "file": self.file, "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a run resumes from (None: a fresh start), and the newer ones passed over as damaged."""
+
+    path: str | None
+    passed_over: tuple[Unreadable, ...] = ()
+
+
+# torch archives (optimizer, scheduler, RNG states) up to this size are read whole to check every member's CRC; a
+# larger one (the optimizer state of a large model) has its archive directory checked, which a cut-short file lacks
+CRC_CHECKED_BYTES = 256 * 2**20
+
+
+def unreadable_files(checkpoint: Path) -> list[tuple[str, str]]:
+    """(file name, what is wrong) for each file of ``checkpoint`` that resuming reads and that does not read back:
+    ``trainer_state.json`` (whole JSON), weights in safetensors (the header and the file covering every tensor it
+    lists; safetensors keeps no checksum, so flipped bits inside a tensor go unseen), and torch archives (optimizer,
+    scheduler, scaler and RNG states; ``pytorch_model.bin``). Files a checkpoint does not have are not judged (the
+    trainer says what it misses); sharded FSDP and DeepSpeed states in sub-folders are not read here."""
+    found = []
+    if not _state_readable(checkpoint):
+        found.append(("trainer_state.json", "is not a whole JSON object (cut short or damaged)"))
+    for path in sorted(p for p in checkpoint.iterdir() if p.is_file()):
+        if path.suffix == ".safetensors":
+            problem = _safetensors_problem(path)
+        elif path.suffix in (".pt", ".pth") or path.name == "pytorch_model.bin":
+            problem = _torch_archive_problem(path)
+        else:
+            continue
+        if problem:
+            found.append((path.name, problem))
+    return found
+
+
+def _safetensors_problem(path: Path) -> str:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt"):
+            return ""
+    except Exception as exc:  # safetensors' own error: a header cut short, a file that does not cover its tensors
+        return f"does not read back as safetensors ({first_line(exc)})"
+
+
+def _torch_archive_problem(path: Path) -> str:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip() if path.stat().st_size <= CRC_CHECKED_BYTES else None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"is not a whole torch archive ({first_line(exc)})"
+    return f"its part {bad} fails its checksum (damaged)" if bad else ""
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
@@ -44,8 +120,8 @@ def _state_readable(checkpoint: Path) -> bool:
         return False
 
 
-# ft turns transformers' JIT checkpointing on unless the recipe sets ``train.enable_jit_checkpoint`` (a default:
-# it fills only what the recipe left unset, see ft.trainers.build)
+# ft turns checkpointing on SIGTERM on unless the recipe sets ``train.enable_jit_checkpoint`` (a default: it fills only
+# what the recipe left unset, see ft.trainers.build); ft takes that stop itself, at a step end (ft.trainers.preemption)
 JIT_DEFAULT = {"enable_jit_checkpoint": True}
 
 
@@ -70,15 +146,16 @@ def clear_previous_run(output_dir: Path) -> None:
             path.unlink()
 
 
-def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> str | None:
-    """``auto``: the newest complete checkpoint, if any (an error when the run there already completed);
-    ``never``: start fresh, where no other run is (or after clearing it, with ``overwrite``); else a path."""
+def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> Resume:
+    """``auto``: the newest complete checkpoint that reads back, if any (an error when the run there already
+    completed, or when no checkpoint reads back); ``never``: start fresh, where no other run is (or after clearing it,
+    with ``overwrite``); else a path, which must read back."""
     if overwrite:
         if mode not in ("auto", "never"):
             raise ResumeError(f"--overwrite deletes the run in {output_dir} and starts over, so it cannot resume from "
                               f"{mode}; drop one of the two.")
         clear_previous_run(output_dir)
-        return None
+        return Resume(None)
     if mode == "never":
         found = previous_run(output_dir)
         if found:
@@ -86,19 +163,43 @@ def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> str 
             raise ResumeError(f"--resume never: {output_dir} holds another run ({shown}); a new run there would mix "
                               "with it (a later --resume auto would pick up its checkpoints). Add --overwrite to "
                               "delete them first, or set train.output_dir to a new directory.")
-        return None
+        return Resume(None)
     if mode == "auto":
         if _completed(output_dir):
             raise ResumeError(f"{output_dir} already holds a completed run ({output_dir / 'summary.json'} says "
                               "`completed`; its model is in final/). To train it again from the start into the "
                               "same folder pass `--resume never`; to keep it, set `train.output_dir` elsewhere.")
-        found = complete_checkpoints(output_dir)
-        return str(found[-1]) if found else None
+        return _newest_that_reads_back(output_dir)
     path = Path(mode)
     if not (path / "trainer_state.json").exists():
         raise ResumeError(f"--resume {mode}: not a complete checkpoint folder (no trainer_state.json there); "
                           "pass a checkpoint-N folder, `auto` or `never`.")
-    return str(path)
+    damaged = unreadable_files(path)
+    if damaged:
+        listed = "; ".join(f"{name} {problem}" for name, problem in damaged)
+        raise ResumeError(f"--resume {mode}: the checkpoint does not read back: {listed}. Pass another checkpoint-N "
+                          "folder, or `--resume auto` (the newest one that reads back).")
+    return Resume(str(path))
+
+
+def _newest_that_reads_back(output_dir: Path) -> Resume:
+    """The newest finished checkpoint whose files read back, and the damaged newer ones passed over. Folders whose
+    save did not finish (no trainer_state.json, or transformers' in-progress marker) are passed over as before."""
+    finished = sorted((_step(p.name), p) for p in output_dir.glob("checkpoint-*")
+                      if _step(p.name) >= 0 and p.is_dir() and (p / "trainer_state.json").is_file()
+                      and not (p / INCOMPLETE_MARKER).exists())
+    passed_over: list[Unreadable] = []
+    for _, path in reversed(finished):
+        damaged = unreadable_files(path)
+        if not damaged:
+            return Resume(str(path), tuple(passed_over))
+        passed_over += [Unreadable(str(path), name, problem) for name, problem in damaged]
+    if passed_over:
+        listed = "\n".join(f"  - {item.render()}" for item in passed_over)
+        raise ResumeError(f"--resume auto: no checkpoint in {output_dir} reads back:\n{listed}\nRestore the damaged "
+                          "files (from a copy of the output directory), or start over: `--resume never --overwrite` "
+                          "(deletes the run there) or another `train.output_dir`.")
+    return Resume(None)
 
 
 def _step(name: str) -> int:

@@ -454,6 +454,27 @@ def generation_batch_divides(recipe: Recipe) -> list[Problem]:
     return []
 
 
+@rule
+def checkpoints_end_generation_rounds(recipe: Recipe) -> list[Problem]:
+    """A method that generates (GRPO) serves ``steps_per_generation`` × ``num_iterations`` micro-batches from one
+    round of generated completions, a buffer no checkpoint holds: a run resumed from a checkpoint inside a round
+    generates the rest of it anew, and continues on another trajectory than the uninterrupted run. (ft's own stop on
+    a signal waits for a round's end.)"""
+    section, name = recipe.method_section, recipe.method
+    if not METHODS[name].generates or section is None or not section.steps_per_generation:
+        return []
+    save_steps, accumulation = recipe.effective("save_steps"), recipe.effective("gradient_accumulation_steps")
+    iterations = recipe.effective("num_iterations")
+    if recipe.effective("save_strategy") != "steps" or save_steps < 1:  # a fraction of the run: its steps vary
+        return []
+    if (save_steps * accumulation) % (section.steps_per_generation * iterations) == 0:
+        return []
+    return warning("train.save_steps", f"({save_steps:g} steps of {accumulation} micro-batches) does not end a "
+                   f"generation round ({name}.steps_per_generation {section.steps_per_generation} × num_iterations "
+                   f"{iterations} micro-batches): a run resumed from a checkpoint inside a round generates the rest "
+                   "of the round anew, and does not end where the uninterrupted run ends. Make save_steps end rounds.")
+
+
 # --- your own optimizer or scheduler class, parameter groups -----------------------------------------------------
 
 

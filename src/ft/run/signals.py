@@ -1,17 +1,17 @@
 """Stopping a run by signal: SIGTERM (preemption, ``docker stop``, ``kill``) and SIGINT (Ctrl-C).
 
-With ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), transformers answers SIGTERM by waiting
-``kill_wait`` seconds (``jit_kill_wait``: a SIGKILL that follows at once means there is no time to save), then saving
-``checkpoint-<step>`` at the end of the current step and ending training. ``StopWatch`` notes which signal came,
-so that ft can tell that stop from a finished (or early-stopped) run: it then writes no ``final/``, marks the
-summary ``stopped`` and exits 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+With ``train.enable_jit_checkpoint`` (on unless the recipe turns it off), ``StopWatch`` notes the signal and when it
+came (``pass_on=False``), and ``ft.trainers.preemption.StopAtStepEnd`` stops training at a step end with a regular
+checkpoint of that step: one process waits ``jit_kill_wait`` seconds first, as transformers' JIT checkpoint does (a
+SIGKILL that follows at once means there is no time to save); several processes agree on the step instead.
+transformers' own JIT handler is not called: ``trainers.preemption`` says why. ft can then tell that stop from a
+finished (or early-stopped) run: it writes no ``final/``, marks the summary ``stopped`` and exits 128 + the signal's
+number (143 for SIGTERM, 130 for SIGINT).
 
-- The first Ctrl-C is treated as a SIGTERM (the same checkpoint, the same wait); with JIT checkpointing off there is
-  nothing to save and the run ends at once.
-- A second Ctrl-C ends the process at once. A checkpoint being written then stays incomplete (transformers' marker
-  file, or no ``trainer_state.json``, which is written last) and ``--resume auto`` passes over it.
-- With several processes (``pass_on=False``) the signal is only noted; ``ft.trainers.preemption.StopTogether``
-  stops every rank at the same step end.
+- The first Ctrl-C is treated as a SIGTERM (the same checkpoint, the same wait); with JIT checkpointing off
+  (``pass_on=True``) there is nothing to save: SIGTERM takes its default action and Ctrl-C ends the run at once.
+- A second Ctrl-C ends the process at once. A checkpoint being written then stays incomplete (no
+  ``trainer_state.json``, which transformers writes last) and ``--resume auto`` passes over it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -33,7 +34,8 @@ def signal_name(signum: int) -> str:
 
 
 def jit_kill_wait() -> int:
-    """Seconds transformers waits after SIGTERM before its JIT save (``CheckpointManager``'s ``kill_wait``)."""
+    """Seconds transformers' JIT checkpoint waits after SIGTERM before it saves (``CheckpointManager``'s
+    ``kill_wait``): ft waits as long before it stops one process."""
     import inspect
 
     from transformers.trainer_jit_checkpoint import CheckpointManager
@@ -42,10 +44,12 @@ def jit_kill_wait() -> int:
 
 
 class StopWatch:
-    """While open, notes the first stop signal (``received``: its number, or None) and acts on it as above."""
+    """While open, notes the first stop signal (``received``: its number, or None; ``received_at``: when, on the
+    monotonic clock) and acts on it as above."""
 
     def __init__(self, pass_on: bool = True, resume_hint: str = ""):
         self.received: int | None = None
+        self.received_at: float | None = None
         self.pass_on = pass_on
         self.resume_hint = resume_hint  # printed when a second Ctrl-C ends the process at once
         self._interrupts = 0
@@ -57,8 +61,12 @@ class StopWatch:
             signal.signal(signum, handler)
         return self
 
+    def _note(self, signum: int) -> None:
+        if self.received is None:
+            self.received, self.received_at = signum, time.monotonic()
+
     def _on_sigterm(self, signum, frame):
-        self.received = self.received or signum
+        self._note(signum)
         if self.pass_on:
             self._pass_on_sigterm(frame)
 
@@ -66,13 +74,13 @@ class StopWatch:
         self._interrupts += 1
         if self._interrupts > 1:
             self._end_now()
-        self.received = self.received or signum
+        self._note(signum)
         if self.pass_on and not self._pass_on_sigterm(frame, end_if_default=False):
             self._end_now()  # JIT checkpointing is off: nothing would be saved, so there is nothing to wait for
 
     def _pass_on_sigterm(self, frame, end_if_default: bool = True) -> bool:
-        """Call the SIGTERM handler installed before (transformers' JIT checkpoint handler); True if there was one.
-        With none, SIGTERM's default action (ending the process, killed by the signal) when ``end_if_default``."""
+        """Call the SIGTERM handler installed before (a program's own); True if there was one. With none, SIGTERM's
+        default action (ending the process, killed by the signal) when ``end_if_default``."""
         previous = self._previous[signal.SIGTERM]
         if callable(previous):
             previous(signal.SIGTERM, frame)
@@ -95,7 +103,6 @@ class StopWatch:
 
 
 def stopped_early(global_step: int, max_steps: int, received: int | None) -> bool:
-    """True when training ended early after a stop signal: transformers then saved a JIT checkpoint (at the step
-    boundary it reached: ``checkpoint-<global_step>``, or the step before when the signal was acted on just before
-    an optimizer step). A signal in the last moments of a run that still reached ``max_steps`` leaves it completed."""
+    """True when training ended early after a stop signal: ``checkpoint-<global_step>`` was then saved at the step end
+    it stopped at. A signal in the last moments of a run that still reached ``max_steps`` leaves it completed."""
     return received is not None and global_step < max_steps

@@ -68,7 +68,10 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     output_dir = Path(recipe.train_args["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
     with ranks.main_process_first(cpu=not hw.cuda):  # with --overwrite the main process clears, the others find it so
-        resume_from = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
+        resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
+    resume_from = resumed.path
+    for item in resumed.passed_over:
+        say(f"ft: {item.checkpoint} cannot be resumed from: {item.render()}; passed over")
     if resume_from:
         harmless = check_drift(recipe, output_dir, resume_from, command, world_size=ranks.world_size())
         if harmless:
@@ -80,7 +83,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
     phases: dict = dict.fromkeys(PHASES)  # filled in as each phase ends
     facts = {"device": hw.summary, "peak_memory_source": "cuda_max_allocated" if hw.cuda else "process_max_rss",
-             "resumed_from": resume_from, "phase_seconds": phases, "versions": versions(), "failure": None}
+             "resumed_from": resume_from, "phase_seconds": phases, "versions": versions(), "failure": None,
+             "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
 
     try:
         trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
@@ -91,14 +95,16 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     settings = recipe.data.eval_exact_match  # its rows read now: a source without answers fails before training
     held_out = exact_match.held_out_rows(recipe, settings.n) if main and settings is not None else None
-    together = ranks.world_size() > 1 and trainer.args.enable_jit_checkpoint
+    at_step_end = trainer.args.enable_jit_checkpoint  # ft takes the stop itself: trainers.preemption says why
+    together = ranks.world_size() > 1
+    wait = 0 if together else signals.jit_kill_wait()
     started = time.perf_counter()
     try:
-        with signals.StopWatch(pass_on=not together, resume_hint=f"To resume, run: {command}") as watch:
-            if together:
-                from ..trainers.preemption import StopTogether
+        with signals.StopWatch(pass_on=not at_step_end, resume_hint=f"To resume, run: {command}") as watch:
+            if at_step_end:
+                from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
 
-                trainer.add_callback(StopTogether(watch))
+                trainer.add_callback(StopAtStepEnd(watch, trainer.ft_stop_point, wait, together))
             trainer.train(resume_from_checkpoint=resume_from)
         seconds = time.perf_counter() - started
         phases["train"] = round(seconds, 3)
@@ -111,10 +117,10 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
             name = signals.signal_name(watch.received)
             summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
             _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
+            after = (f"ft waits {wait} s after the signal, in case a SIGKILL follows, then saves at the end of a step"
+                     if wait else "every process saved at the same step end")
             say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved "
-                f"{summary['checkpoint']} (transformers waits {signals.jit_kill_wait()} s after the signal, in case a "
-                f"SIGKILL follows, then saves at the end of the step). To resume from it, run the same command again: "
-                f"{command}")
+                f"{summary['checkpoint']} ({after}). To resume from it, run the same command again: {command}")
             return RunResult("stopped", output_dir, summary, watch.received)
 
         final_eval = _evaluated_at_last_step(trainer) if prepared.eval is not None else None

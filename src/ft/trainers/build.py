@@ -20,6 +20,7 @@ Every TRL config follows one precedence rule (``trl_config``):
 from __future__ import annotations
 
 import importlib
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -47,13 +48,17 @@ class TrainerInputs:
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
     """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``, with trackers writing under the output
-    directory (``trackers.writing_under``) and ft's console lines for the method instead of transformers'
-    (``console.install``)."""
+    directory (``trackers.writing_under``), ft's console lines for the method instead of transformers'
+    (``console.install``), and without transformers' own stop on SIGTERM (ft stops at a step end:
+    ``preemption``)."""
     from . import console  # imports transformers
+    from .preemption import without_transformers_stop
 
+    sigterm = signal.getsignal(signal.SIGTERM)
     with trackers.writing_under(recipe.train_args["output_dir"]):
         trainer = importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
     console.install(trainer, recipe.method)
+    without_transformers_stop(trainer, sigterm)  # ft stops at a step end itself (trainers.preemption)
     return trainer
 
 

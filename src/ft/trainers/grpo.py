@@ -36,6 +36,15 @@ class FtGRPOTrainer(FtTrainerMixin, GRPOTrainer):
             finally:
                 model.config._name_or_path = name
 
+    def ft_stop_point(self, global_step: int) -> bool:
+        """At the end of a generation round only. TRL generates completions for ``steps_per_generation`` ×
+        ``num_iterations`` micro-batches at once and serves them from a buffer, which no checkpoint holds: a run
+        resumed inside a round would generate the rest anew (other samples, and rounds shifted). At a round's end
+        the buffer is used up, and the resumed run's first micro-batch generates the next round from the same
+        weights, prompts and random state as the uninterrupted run's."""
+        args = self.args
+        return global_step * args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+
     def _prepare_inputs(self, generation_batch):
         """TRL's GRPO batches are raw rows until this step generates (or takes from its buffer) the completions;
         the prompt and completion tokens are counted here for ft's token accounting."""

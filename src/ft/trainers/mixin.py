@@ -6,6 +6,7 @@
 - The recipe's optimizer and scheduler beyond transformers' names: a class of the user's, per-module parameter
   groups, a scheduler class (``ft.trainers.optimization``).
 - The FLOPs estimate Trainer adds up every step (``total_flos``), with the model's parameters counted once.
+- Where a stop by signal may save and end training (``ft_stop_point``, read by ``trainers.preemption``).
 
 It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``,
 ``create_optimizer``, ``create_scheduler``, ``floating_point_ops``).
@@ -54,6 +55,12 @@ class FtTrainerMixin:
             cls, kwargs = self.ft_optimization.scheduler
             self.lr_scheduler = build_scheduler(cls, kwargs, optimizer or self.optimizer, num_training_steps)
         return super().create_scheduler(num_training_steps, optimizer)
+
+    def ft_stop_point(self, global_step: int) -> bool:
+        """Whether a checkpoint at the end of ``global_step`` holds everything training carries into the next step,
+        so that a run resumed from it continues exactly as the uninterrupted run: at every step end, unless a method
+        buffers work across steps (GRPO's generated completions)."""
+        return True
 
     def training_step(self, model, inputs, *args, **kwargs):
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None  # GRPO passes raw rows
