@@ -553,3 +553,16 @@ def test_a_stage_3_config_that_gathers_final_is_accepted_under_either_spelling(w
     config = {"zero_optimization": {"stage": 3, key: True}}
     recipe = _recipe(write_recipe, tmp_path, {"distributed": {"kind": "deepspeed", "deepspeed": {"config": config}}})
     assert recipe.distributed.deepspeed.config == config
+
+
+def test_a_recipe_saved_before_a_model_key_existed_resumes_without_drift(write_recipe, tmp_path):
+    """recipe.yaml of a run from before `model.gguf_file` existed lacks the key; unset now, it is no change."""
+    recipe = _recipe(write_recipe, tmp_path, {})
+    out, checkpoint = _saved_run(tmp_path, recipe)
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())
+    del saved["model"]["gguf_file"]
+    (out / "recipe.yaml").write_text(yaml.safe_dump(saved))
+    assert check_drift(recipe, out, checkpoint, "ft train r.yaml") == []
+    changed = _recipe(write_recipe, tmp_path, {"model.gguf_file": "model.gguf", "model.init": "pretrained"})
+    with pytest.raises(DriftError, match="model.gguf_file"):
+        check_drift(changed, out, checkpoint, "ft train r.yaml")

@@ -1,9 +1,9 @@
 """``ft plan``: a recipe's peak training memory per device, from the model's config alone.
 
-Only ``config.json`` is read (``transformers.AutoConfig``; no weights, no torch): the parameters of a Llama-style
-decoder (Llama, Mistral, Qwen2, Gemma, …) are counted from it, and every part of the peak is a formula over the
-recipe and ft's defaults for the device. docs/plan.md derives the formulas and gives their measured accuracy
-(``benchmarks/plan_accuracy.py``).
+Only the config is read (``config.json`` or a GGUF file's metadata, through ``transformers.AutoConfig``; no weights,
+no torch): the parameters of a Llama-style decoder (Llama, Mistral, Qwen2, Gemma, …) are counted from it, and every
+part of the peak is a formula over the recipe and ft's defaults for the device. docs/plan.md derives the formulas and
+gives their measured accuracy (``benchmarks/plan_accuracy.py``).
 
 The peak is the largest of three moments of a training step:
 
@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from .model.loading import names_a_path
+from .model.loading import gguf_problems, load_config, names_a_path
 from .recipe import Recipe
 from .recipe.methods import METHODS
 from .recipe.optimizers import traits
@@ -94,13 +94,14 @@ _EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_exp
 
 
 def read_shape(recipe: Recipe) -> Shape:
-    """The model's dimensions, from its config.json (local directory, the hub cache, or the hub when online)."""
-    from transformers import AutoConfig
-
+    """The model's dimensions, from its config (local directory, the hub cache, or the hub when online; a GGUF
+    file's metadata)."""
     model = recipe.model
+    problems = gguf_problems(model)
+    if problems:
+        raise PlanError(problems[0].render())
     try:
-        config = AutoConfig.from_pretrained(model.name, revision=model.revision,
-                                            trust_remote_code=model.trust_remote_code)
+        config = load_config(model)
     except (OSError, ValueError) as exc:
         if names_a_path(model.name):
             raise PlanError(f"model.name: {model.name!r} is not a directory (a relative path is read from the "

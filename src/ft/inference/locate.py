@@ -100,6 +100,10 @@ def find_base(found: Found, arg: str) -> Base:
         model, seed = recipe.model, recorded.get("seed", recipe.train_args.get("seed", 42))
         return Base(model.name, model.revision, model.init, recipe, seed, str(found.run_dir / "recipe.yaml"),
                     _training_dtype(model.dtype, model.quantization and model.quantization.compute_dtype))
+    if recorded.get("gguf_file"):
+        raise InferenceError(f"{arg}: the adapter's base is a GGUF file ({recorded['gguf_file']} in "
+                             f"{recorded.get('name')}), which ft rebuilds from the run's recipe.yaml, and none sits "
+                             "next to the adapter; pass the run directory (train.output_dir, with its recipe.yaml).")
     if recorded.get("name"):
         quantization = recorded.get("quantization") or {}
         return Base(recorded["name"], recorded.get("revision"), recorded.get("init") or "pretrained", None,
@@ -190,7 +194,10 @@ def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
 
 
 def _check_weights(base: Base, arg: str) -> None:
-    """A local base folder without weights is the config of a random-init run: say so, not "file not found"."""
+    """A local base folder without weights is the config of a random-init run: say so, not "file not found". (A GGUF
+    base's weights are in its .gguf file.)"""
+    if base.recipe is not None and base.recipe.model.gguf_file:
+        return
     folder = Path(base.name)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise InferenceError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "

