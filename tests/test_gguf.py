@@ -77,10 +77,16 @@ def test_a_gguf_file_with_random_init_is_refused_at_validation(smollm2, write_re
     assert result.returncode == 2 and "model.gguf_file" in result.stderr and "init: pretrained" in result.stderr
 
 
-def test_without_the_gguf_package_ft_train_says_how_to_install_it(smollm2, write_recipe, tmp_path):
+def _without_gguf(tmp_path: Path) -> Path:
+    """A folder to put first on PYTHONPATH whose `gguf` fails to import, as if the package were not installed."""
     blocked = tmp_path / "site"
-    (blocked / "gguf").mkdir(parents=True)
-    (blocked / "gguf" / "__init__.py").write_text("raise ImportError('No module named gguf')\n")  # as if missing
+    (blocked / "gguf").mkdir(parents=True, exist_ok=True)
+    (blocked / "gguf" / "__init__.py").write_text("raise ImportError('No module named gguf')\n")
+    return blocked
+
+
+def test_without_the_gguf_package_ft_train_says_how_to_install_it(smollm2, write_recipe, tmp_path):
+    blocked = _without_gguf(tmp_path)
     result = run_ft("train", str(write_recipe(_recipe(smollm2, tmp_path / "out"))), env={"PYTHONPATH": str(blocked)})
     assert result.returncode == 2, result.stderr[-2000:]
     assert "model.gguf_file" in result.stderr and "pip install 'ft[gguf]'" in result.stderr
@@ -121,6 +127,9 @@ def test_lora_on_the_gguf_model_trains_and_ft_generate_rebuilds_its_base(smollm2
     generated = run_ft("generate", str(out), "--prompt", "What is the capital of France?", "--max-new-tokens", "8")
     assert generated.returncode == 0, generated.stderr[-3000:]
     assert "Paris" in generated.stdout  # the real model's knowledge, through its own chat template
+    blocked = _without_gguf(tmp_path)  # the base is checked as ft train checks it, before it loads
+    refused = run_ft("generate", str(out), "--prompt", "Hi", env={"PYTHONPATH": str(blocked)})
+    assert refused.returncode == 2 and "pip install 'ft[gguf]'" in refused.stderr, refused.stderr[-2000:]
 
 
 def test_plan_and_smoke_read_the_gguf_model(smollm2, write_recipe, tmp_path):
@@ -135,3 +144,37 @@ def test_plan_and_smoke_read_the_gguf_model(smollm2, write_recipe, tmp_path):
     assert described["model"]["config"].startswith(f"the real one ({smollm2.parent}), shrunk")
     assert "model.gguf_file" in {s["key"] for s in described["substitutions"]}
     shutil.rmtree(tmp_path / "out-smoke")
+
+
+def test_qlora_quantizes_the_dequantized_weights_again(smollm2, tmp_path):
+    """`model.quantization` over a GGUF file: its de-quantized weights loaded in 4 bits through bitsandbytes."""
+    import torch
+
+    from ft.model.loading import load_model
+    from ft.recipe import load_recipe
+
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(json.dumps(_recipe(smollm2, tmp_path / "out", quantization={"bits": 4,
+                                                                                          "compute_dtype": "float32"})))
+    model = load_model(load_recipe(recipe_path).recipe, seed=0)
+    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_grpo_compares_with_a_copy_of_the_start_model_read_from_the_gguf_file(smollm2, write_recipe, tmp_path):
+    """GRPO's KL reference: TRL loads it by the model's name, which names a folder holding only the GGUF file; ft
+    hands it a snapshot of the start model instead, so the reference is the start model, weight for weight."""
+    import torch
+    from conftest import built_trainer
+
+    recipe = _recipe(smollm2, tmp_path / "out")
+    recipe.update(method="grpo", adapter=None,
+                  data={"train": [{"path": str(DATA / "prompts.jsonl"), "format": "prompt", "fraction": 0.01}]},
+                  grpo={"num_generations": 2, "max_completion_length": 4, "beta": 0.04,
+                        "rewards": [{"name": "numeric_match"}]})
+    trainer, _ = built_trainer(write_recipe(recipe))
+    ours, reference = dict(trainer.model.named_parameters()), dict(trainer.ref_model.named_parameters())
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[name], reference[name]) for name in ours)

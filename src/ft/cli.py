@@ -146,9 +146,9 @@ def _watch_parent() -> None:
 
 def _several_processes_wanted(loaded, flags: dict) -> bool:
     """True when this command must start the ranks itself (not when it already is one of them)."""
-    import os
+    from .run.ranks import launched_world_size
 
-    if "WORLD_SIZE" in os.environ:  # started by torchrun / accelerate / ft: one rank of the run
+    if launched_world_size() is not None:  # started by torchrun / accelerate / ft: one rank of the run
         return False
     return any(value is not None for value in flags.values()) or getattr(loaded.recipe, "launch", None) is not None
 

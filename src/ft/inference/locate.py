@@ -22,10 +22,8 @@ from pathlib import Path
 
 from ..recipe.errors import first_line
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 class InferenceError(Exception):
@@ -194,9 +192,14 @@ def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
 
 
 def _check_weights(base: Base, arg: str) -> None:
-    """A local base folder without weights is the config of a random-init run: say so, not "file not found". (A GGUF
-    base's weights are in its .gguf file.)"""
+    """A local base folder without weights is the config of a random-init run: say so, not "file not found". A GGUF
+    base's weights are in its .gguf file, checked as ``ft train`` checks it (the gguf package, the whole file)."""
     if base.recipe is not None and base.recipe.model.gguf_file:
+        from ..model.loading import gguf_problems
+
+        problems = gguf_problems(base.recipe.model)
+        if problems:
+            raise InferenceError(f"{arg}: the adapter's base (from {base.source}): {problems[0].render()}")
         return
     folder = Path(base.name)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):

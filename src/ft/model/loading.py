@@ -18,6 +18,9 @@ from ..recipe.errors import first_line
 from ..recipe.processes import uses_fsdp
 from ..recipe.schema import ModelSection, QuantizationSection
 
+GGUF_MISSING = ("reading a GGUF file needs the `gguf` package, which is not installed here; run "
+                "`pip install 'ft[gguf]'` (or `pip install gguf`).")
+
 
 class ModelLoadError(Exception):
     """The model or tokenizer named in the recipe could not be loaded (exit code 2)."""
@@ -50,6 +53,10 @@ def load_tokenizer(section: ModelSection, say=None):
         tokenizer = AutoTokenizer.from_pretrained(section.name, **_common_kwargs(section))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "tokenizer", exc)) from None
+    except ImportError:  # the gguf package, which only a GGUF file needs; another (a model's own code) is raised on
+        if not section.gguf_file:
+            raise
+        raise ModelLoadError(f"model.gguf_file: {GGUF_MISSING}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         if say is not None:
@@ -98,6 +105,10 @@ def load_model(recipe: Recipe, seed: int):
         return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "model", exc)) from None
+    except ImportError:  # the gguf package, which only a GGUF file needs; another (a model's own code) is raised on
+        if not section.gguf_file:
+            raise
+        raise ModelLoadError(f"model.gguf_file: {GGUF_MISSING}") from None
 
 
 def _plain(model, section: ModelSection):
@@ -136,8 +147,7 @@ def gguf_problems(section: ModelSection) -> list:
     try:
         from gguf import GGUFReader
     except ImportError:
-        return [Problem(key, "reading a GGUF file needs the `gguf` package, which is not installed here; run "
-                        "`pip install 'ft[gguf]'` (or `pip install gguf`).")]
+        return [Problem(key, GGUF_MISSING)]
     path = Path(section.name) / section.gguf_file
     if not Path(section.name).is_dir():
         return []  # a hub repository: transformers downloads the file, and says when it cannot

@@ -105,12 +105,15 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     a JIT save in progress with ``INCOMPLETE_MARKER``: a folder counts when its state file is there, whole (a
     kill during that very write leaves it truncated) and no marker is left.
     """
-    found = []
-    for path in output_dir.glob("checkpoint-*"):
-        match = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if match and path.is_dir() and _state_readable(path) and not (path / INCOMPLETE_MARKER).exists():
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+    return [path for path in _saved(output_dir) if _state_readable(path)]
+
+
+def _saved(output_dir: Path) -> list[Path]:
+    """``checkpoint-N`` folders whose save got as far as ``trainer_state.json`` (whole or not) and left no in-progress
+    marker, oldest first."""
+    found = [(_step(path.name), path) for path in output_dir.glob("checkpoint-*")]
+    return [path for step, path in sorted(found) if step >= 0 and path.is_dir()
+            and (path / "trainer_state.json").is_file() and not (path / INCOMPLETE_MARKER).exists()]
 
 
 def _state_readable(checkpoint: Path) -> bool:
@@ -185,11 +188,8 @@ def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> Resu
 def _newest_that_reads_back(output_dir: Path) -> Resume:
     """The newest finished checkpoint whose files read back, and the damaged newer ones passed over. Folders whose
     save did not finish (no trainer_state.json, or transformers' in-progress marker) are passed over as before."""
-    finished = sorted((_step(p.name), p) for p in output_dir.glob("checkpoint-*")
-                      if _step(p.name) >= 0 and p.is_dir() and (p / "trainer_state.json").is_file()
-                      and not (p / INCOMPLETE_MARKER).exists())
     passed_over: list[Unreadable] = []
-    for _, path in reversed(finished):
+    for path in reversed(_saved(output_dir)):
         damaged = unreadable_files(path)
         if not damaged:
             return Resume(str(path), tuple(passed_over))

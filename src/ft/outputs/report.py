@@ -104,8 +104,7 @@ def load_run(path: Path) -> Run:
 def progress_summary(status: str, log_history: list[dict], state: dict) -> dict:
     """The figures of summary.json a run in progress already has, from a checkpoint's ``trainer_state.json``
     (``state``): steps, epochs, losses, evaluations, and the training log's latest tokens/s and padding efficiency."""
-    summary = summarize(status, log_history, steps=state.get("global_step", 0), train_seconds=0.0,
-                               final_eval=None)
+    summary = summarize(status, log_history, steps=state.get("global_step", 0), train_seconds=0.0, final_eval=None)
     summary["train_seconds"] = None  # not in a checkpoint
     summary["epochs"] = state.get("epoch")
     for key in ("tokens_per_second", "padding_efficiency"):

@@ -72,7 +72,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
     resume_from = resumed.path
     for item in resumed.passed_over:
-        say(f"ft: {item.checkpoint} cannot be resumed from: {item.render()}; passed over")
+        say(f"ft: passing over a checkpoint that does not read back: {item.render()}")
     if resume_from:
         harmless = check_drift(recipe, output_dir, resume_from, command, world_size=ranks.world_size())
         if harmless:
@@ -114,7 +114,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         if signals.stopped_early(state.global_step, state.max_steps, watch.received):
             saved = checkpoints.complete_checkpoints(output_dir)
             summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                       final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
+                                final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
             name = signals.signal_name(watch.received)
             summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
             _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
@@ -134,7 +134,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
             distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
             trainer.save_model(str(output_dir / "final"))
         summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
+                            final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
         if held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
             summary["exact_match"] = exact_match.after_training(recipe, trainer, held_out, say)
         _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
@@ -217,7 +217,7 @@ def _write_failure(exc: Exception, output_dir: Path, recipe: Recipe, prepared: d
     try:
         state = trainer.state
         summary = summarize("failed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                   final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
+                            final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
         failure = {"type": type(exc).__name__, "message": first_line(exc), "traceback": str(output_dir / "error.log")}
         _write_report(output_dir, summary, state.log_history, True, {**facts, "failure": failure}, wall_started)
     except Exception as problem:  # the failure being reported is what the user must see; this one is a footnote

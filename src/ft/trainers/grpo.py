@@ -17,8 +17,9 @@ class FtGRPOTrainer(FtTrainerMixin, GRPOTrainer):
     """GRPOTrainer with ft's token accounting (see FtTrainerMixin).
 
     ``reference_snapshot``: the KL term's reference model is a copy of the start model. TRL loads it from
-    the policy's ``config._name_or_path``, which holds no weights when the model was built from its config
-    (``model.init: random``); then the start model is saved to a temporary directory that TRL loads it from.
+    the policy's ``config._name_or_path``, which holds no weights TRL can read when the model was built from its
+    config (``model.init: random``) or taken from a GGUF file (``snapshot_reference``); then the start model is saved
+    to a temporary directory that TRL loads it from.
     """
 
     def __init__(self, model, *args, reference_snapshot: bool = False, **kwargs):
@@ -73,8 +74,8 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
     ``data.max_length`` does not apply; ``grpo.max_completion_length`` bounds the completions.
     """
     grpo, model = recipe.grpo, recipe.model
-    reference_loads = grpo.beta != 0 and recipe.adapter is None
-    revision = model.revision if model.init == "pretrained" and reference_loads else None
+    reference_loads = grpo.beta != 0 and recipe.adapter is None and not snapshot_reference(recipe)
+    revision = model.revision if reference_loads else None
     return trl_config(
         GRPOConfig, recipe, defaults,
         num_generations=grpo.num_generations,
@@ -92,6 +93,12 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
     )
 
 
+def snapshot_reference(recipe: Recipe) -> bool:
+    """Whether TRL cannot load the start model by its name: built from its config (no weights on disk), or read from
+    a GGUF file (a folder or repository TRL would read without its ``gguf_file``)."""
+    return recipe.model.init == "random" or recipe.model.gguf_file is not None
+
+
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtGRPOTrainer:
-    return FtGRPOTrainer(reward_funcs=list(inputs.hooks.rewards), reference_snapshot=recipe.model.init == "random",
+    return FtGRPOTrainer(reward_funcs=list(inputs.hooks.rewards), reference_snapshot=snapshot_reference(recipe),
                          **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
