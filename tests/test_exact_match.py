@@ -15,12 +15,16 @@ from ft.inference.exact_match import HeldOut, exact_match, held_out_rows, report
 from ft.outputs.summary import headline
 from ft.recipe import RecipeError, load_recipe
 
-# Measured on 2 CPU cores (2026-12-02). conftest's sft_model (the quickstart stopped at 700 of 1200 steps, seed 0)
-# answers 0.53 of the 200 held-out sums; 700 steps sit on the steep part of the curve (500 steps: 0.04-0.21 over
-# seeds), so the threshold keeps a wide margin. The quickstart GRPO recipe from that model: 0.64, 0.65 and 0.59
-# (seeds 0, 1, 2), a gain of 0.06-0.12; the test asks for more than 0.03.
+# Measured on 2 CPU cores (2026-12-03). conftest's sft_model (the quickstart stopped at 700 of 1200 steps, seed 0)
+# answers 0.53-0.64 of the 200 held-out sums by machine (the CPU's kernels change the 700 steps' sums); 700 steps
+# sit on the steep part of the curve, so the threshold keeps a wide margin. The quickstart GRPO recipe from that
+# model (seeds 0-2, learning rates 1e-4 to 3e-4): the numeric-match reward of the sampled answers, averaged over the
+# last 50 steps, beats the first 50 steps' by 0.05 to 0.16; greedy exact match moves by -0.015 to +0.04 at the
+# recipe's rate (higher rates lose up to 0.08). The test asks for a reward gain of more than 0.02 and a greedy
+# exact match no more than 0.05 below the start's.
 SFT_AT_LEAST = 0.3
-GRPO_GAIN_AT_LEAST = 0.03
+GRPO_REWARD_GAIN_AT_LEAST = 0.02
+GRPO_EXACT_MATCH_KEPT_WITHIN = 0.05
 
 # --- the metric, on a stand-in model -----------------------------------------------------------------------------
 
@@ -67,11 +71,13 @@ def test_exact_match_counts_the_greedy_answers_that_equal_the_expected_ones():
             for a, b in [(2, 3), (41, 7), (88, 9), (5, 5), (60, 0)]]
     rows.append({"prompt": "What is 7 + 1?", "answer": " 8 "})  # a text prompt; the answer is compared stripped
     result = exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=6, batch_size=4)
-    assert result["n"] == 6
+    assert result["n"] == 6 and result["ended_turn"] == 1.0  # each answer ends with the end-of-sequence token
     assert result["exact_match"] == round(3 / 6, 4)  # 2+3, 88+9, 60+0 right; 41+7, 5+5, 7+1 off by one
     assert result["examples"][:2] == [{"prompt": "What is 2 + 3?", "expected": "5", "got": "5"},
                                       {"prompt": "What is 41 + 7?", "expected": "48", "got": "49"}]
     assert tokenizer.padding_side == "right"  # put back as it was
+    cut = exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=1, batch_size=4)
+    assert cut["ended_turn"] == 0.0  # a one-token budget cuts every answer before its end-of-sequence token
     assert report_line(result) == "ft: exact match on 6 held-out prompts: 0.50 (e.g. 'What is 2 + 3?' → '5')"
 
 
@@ -111,6 +117,31 @@ def test_held_out_rows_without_answers_fail_before_training(write_recipe, tmp_pa
     assert "step " not in result.stderr and not list((tmp_path / "out").glob("checkpoint-*"))
 
 
+def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe, tmp_path):
+    import shutil
+
+    recipe = tiny_sft(tmp_path / "out", save_strategy="steps", save_steps=2)
+    recipe["data"]["eval_exact_match"] = {"n": 20}
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = _summary(tmp_path / "out")
+    before = summary["exact_match_before"]  # a random model: no sum right, and none ends its answer in 8 tokens
+    assert before["n"] == 20 and before["exact_match"] == 0.0 and "ended_turn" in before
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ft: exact match on 20")]
+    assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0.00") and len(lines) == 2
+    # resumed from checkpoint-2: the loaded weights are not the run's start, so there is no baseline to score
+    for name in ("summary.json", "final", "checkpoint-4"):
+        shutil.rmtree(tmp_path / "out" / name) if name != "summary.json" else (tmp_path / "out" / name).unlink()
+    resumed = run_ft("train", str(write_recipe(recipe)))
+    assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    assert "before training" not in resumed.stderr and "exact_match_before" not in _summary(tmp_path / "out")
+    recipe["data"]["eval_exact_match"]["before"] = False
+    recipe["train"]["output_dir"] = str(tmp_path / "off")
+    off = run_ft("train", str(write_recipe(recipe)))
+    assert off.returncode == 0 and "before training" not in off.stderr
+    assert "exact_match_before" not in _summary(tmp_path / "off") and _summary(tmp_path / "off")["exact_match"]
+
+
 # --- headline figures --------------------------------------------------------------------------------------------
 
 
@@ -148,18 +179,26 @@ def test_the_quickstart_model_learns_the_sums(sft_model):
     assert summary["phase_seconds"]["evaluate"] > 0 and "eval_loss" in summary["final_eval"]
 
 
-def test_grpo_from_the_quickstart_model_answers_more_of_them(sft_model, tmp_path):
-    """The quickstart GRPO recipe as shipped: the same 200 held-out prompts are answered right more often than by
-    the SFT model it starts from, and its summary holds the reward's first and last figures (the logged reward is a mean
-over 8 prompts, too noisy for a first-to-last comparison of one run; the held-out exact match is the claim)."""
+def test_grpo_from_the_quickstart_model_samples_more_right_answers(sft_model, tmp_path):
+    """The quickstart GRPO recipe as shipped, from the SFT model stopped half way: the sampled answers earn the
+    numeric-match reward more often over the last 50 steps than over the first 50 (what GRPO optimizes: the reward
+    of the policy's samples), while greedy exact match on the 200 held-out prompts, scored by the run itself before
+    and after training, holds. The summary keeps both scores and the reward's first and last figures."""
     out = tmp_path / "grpo"
     result = run_ft("train", "recipes/quickstart-grpo.yaml", "--set", f"model.name={sft_model}",
                     "--set", f"train.output_dir={out}", "--set", "train.save_strategy='no'")
     assert result.returncode == 0, result.stderr[-3000:]
-    before, after = _summary(sft_model.parent)["exact_match"], _summary(out)["exact_match"]
-    assert "ft: exact match on 200 held-out prompts" in result.stderr
-    assert after["n"] == before["n"] == 200
-    assert after["exact_match"] > before["exact_match"] + GRPO_GAIN_AT_LEAST, (before, after)
-    figures = _summary(out)["headline"]
+    summary = _summary(out)
+    before, after = summary["exact_match_before"], summary["exact_match"]
+    assert "ft: exact match on 200 held-out prompts before training" in result.stderr
+    assert before == _summary(sft_model.parent)["exact_match"]  # the same code, rows and model: the same answers
+    assert after["n"] == 200 and after["exact_match"] >= before["exact_match"] - GRPO_EXACT_MATCH_KEPT_WITHIN, (
+        before, after)
+    sampled = [entry["rewards/numeric_match/mean"] for entry in json.loads((out / "log_history.json").read_text())
+               if "rewards/numeric_match/mean" in entry]
+    assert len(sampled) == 20  # logging_steps 10 over 200 steps
+    gain = sum(sampled[-5:]) / 5 - sum(sampled[:5]) / 5
+    assert gain > GRPO_REWARD_GAIN_AT_LEAST, sampled
+    figures = summary["headline"]
     assert figures["source"] == "train" and {"reward", "numeric_match", "format"} <= set(figures)
     assert figures["reward"]["last_step"] == 200

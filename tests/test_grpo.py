@@ -223,9 +223,11 @@ def test_train_dataloader_yields_one_generation_round_and_reference_model(write_
 
 
 def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_model):
-    """The SFT model, prompted through its chat template, answers mostly with two-digit numbers (as most answers
-    are); a reward for one-digit answers is rare at first and, after a short run, earned almost always."""
-    recipe = tiny_grpo(tmp_path / "out", [{"name": "format", "args": {"pattern": r"\d"}}], model=sft_model,
+    """The SFT model's sampled answers are even numbers about half the time (as the sums are: the reward's rate
+    does not hang on how well the model adds); rewarded for even answers alone, a short run earns the reward almost
+    always: GRPO moves the policy towards a user's reward, against what SFT taught it. Measured on 2 cores (seeds
+    0, 1): the first five steps 0.51 and 0.57, the last ten 0.94 and 0.95."""
+    recipe = tiny_grpo(tmp_path / "out", [{"name": "format", "args": {"pattern": r"\d*[02468]"}}], model=sft_model,
                        init="pretrained", grpo={"steps_per_generation": 1, "temperature": 1.0}, max_steps=30,
                        per_device_train_batch_size=32, save_strategy="steps", save_steps=30)
     result = run_ft("train", str(write_recipe(recipe)))
@@ -233,5 +235,5 @@ def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_mod
     state = json.loads((tmp_path / "out" / "checkpoint-30" / "trainer_state.json").read_text())
     rewards = [entry["reward"] for entry in state["log_history"] if "reward" in entry]
     assert len(rewards) == 30
-    assert rewards[0] < 0.3 and sum(rewards[-10:]) / 10 > 0.8, rewards
+    assert sum(rewards[:5]) / 5 < 0.7 and sum(rewards[-10:]) / 10 > 0.85, rewards
     assert "rewards/format/mean" in state["log_history"][0]  # TRL logs each reward under its name

@@ -34,8 +34,10 @@ class HeldOut:
 def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
                 examples: int = EXAMPLES) -> dict:
     """The share of ``rows`` (``HeldOut`` or ``{"prompt", "answer"}``) whose greedy answer equals the expected one:
-    ``{"exact_match": fraction, "n": count, "examples": [{"prompt", "expected", "got"}, …]}`` (the examples are the
-    first rows, right or wrong)."""
+    ``{"exact_match": fraction, "n": count, "ended_turn": fraction, "examples": [{"prompt", "expected", "got"}, …]}``
+    (the examples are the first rows, right or wrong). ``ended_turn`` is the share of answers that stopped on an
+    end-of-sequence (or pad) token within ``max_new_tokens``: a model that learned to stop ends its answer itself;
+    one that rambles is cut off by the budget, and its answer is compared only up to there."""
     import torch
 
     from .generate import Sampling, generation_config
@@ -47,6 +49,7 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     was_training = model.training
     model.eval()
     answers: list[str] = []
+    ended = 0
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
@@ -57,13 +60,16 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
             with torch.no_grad():
                 output = model.generate(**encoded, generation_config=config)
             for ids in output[:, encoded["input_ids"].shape[1]:].tolist():
-                kept = ids[:next((i for i, token in enumerate(ids) if token in stops), len(ids))]
+                end = next((i for i, token in enumerate(ids) if token in stops), None)
+                ended += end is not None
+                kept = ids[:end]
                 answers.append(tokenizer.decode(kept, skip_special_tokens=True))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
     right = [got.strip() == row.answer.strip() for row, got in zip(rows, answers, strict=True)]
     return {"exact_match": round(sum(right) / len(rows), 4) if rows else None, "n": len(rows),
+            "ended_turn": round(ended / len(rows), 4) if rows else None,
             "examples": [{"prompt": _shown(row.prompt), "expected": row.answer, "got": got.strip()}
                          for row, got in zip(rows[:examples], answers, strict=False)]}
 
@@ -100,11 +106,12 @@ def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
     return rows
 
 
-def report_line(result: dict) -> str:
-    """``ft: exact match on 200 held-out prompts: 0.83 (e.g. 'What is 3 + 4?' → '7')``."""
+def report_line(result: dict, when: str = "") -> str:
+    """``ft: exact match on 200 held-out prompts: 0.83 (e.g. 'What is 3 + 4?' → '7')``; ``when`` follows
+    "prompts" (`` before training``)."""
     example = next(iter(result["examples"]), None)
     shown = f" (e.g. {example['prompt']!r} → {example['got']!r})" if example else ""
-    return f"ft: exact match on {result['n']} held-out prompts: {result['exact_match']:.2f}{shown}"
+    return f"ft: exact match on {result['n']} held-out prompts{when}: {result['exact_match']:.2f}{shown}"
 
 
 def after_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
@@ -112,17 +119,32 @@ def after_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[s
     training so that a bad source fails first), on this (the main) process alone: printed, and returned for
     summary.json. None when the recipe does not ask, or when the model is sharded over several processes (FSDP,
     DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
+    return _scored(recipe, trainer, rows, say, "")
+
+
+def before_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
+    """The same score of the model as loaded (``data.eval_exact_match.before``), with the same code, rows and
+    settings as ``after_training``: the baseline summary.json keeps beside the trained figure. It generates greedily
+    in eval mode and restores train mode, drawing no random numbers, so the training that follows is the one a run
+    without it would do."""
+    settings = recipe.data.eval_exact_match
+    if settings is None or not settings.before:
+        return None
+    return _scored(recipe, trainer, rows, say, " before training")
+
+
+def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
     settings = recipe.data.eval_exact_match
     if settings is None or rows is None:
         return None
     if trainer.args.world_size > 1 and recipe.distributed.kind != "ddp":
-        say(f"ft: exact match skipped: the model is sharded over {trainer.args.world_size} processes "
+        say(f"ft: exact match{when} skipped: the model is sharded over {trainer.args.world_size} processes "
             f"({recipe.distributed.kind}); score final/ with `ft generate` instead")
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
     result = exact_match(model, trainer.processing_class, rows, max_new_tokens=settings.max_new_tokens,
                          batch_size=settings.batch_size)
-    say(report_line(result))
+    say(report_line(result, when))
     return result
 
 

@@ -51,6 +51,9 @@ class ExactMatchSettings(Section):
         None, description="Held-out rows to score instead of `data.eval` (e.g. {path: prompts-eval.jsonl, "
         "format: prompt} for GRPO): chat (last assistant turn), preference (chosen), prompt (`field`), text.")
     field: StrictStr = Field("answer", description="`prompt` rows: the field holding the expected answer.")
+    before: StrictBool = Field(
+        True, description="Also score the model as loaded, before training (summary.json `exact_match_before`): the "
+        "baseline the trained figure is read against. Skipped when the run resumes from a checkpoint.")
 
 
 class DataSection(Section):

@@ -96,6 +96,10 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
 
     settings = recipe.data.eval_exact_match  # its rows read now: a source without answers fails before training
     held_out = exact_match.held_out_rows(recipe, settings.n) if main and settings is not None else None
+    # the baseline, scored as the trained model will be; a resumed run's loaded weights are not its start
+    baseline = exact_match.before_training(recipe, trainer, held_out, say) if not resume_from else None
+    if baseline is not None:
+        facts["exact_match_before"] = baseline
     at_step_end = trainer.args.enable_jit_checkpoint  # ft takes the stop itself: trainers.preemption says why
     together = ranks.world_size() > 1
     wait = 0 if together else signals.jit_kill_wait()
