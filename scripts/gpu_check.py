@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 QUICKSTART = "recipes/quickstart.yaml"
@@ -92,6 +94,7 @@ class Step:
     check: Callable[[str, Proc], tuple]  # (workdir, finished process) -> (PASS/FAIL, note[, data for the JSON])
     needs: tuple[str, ...] = ()  # steps that must PASS first (pulled in by --only)
     requires: tuple[str, ...] = ()  # modules that must import, else SKIP
+    files: tuple[str, ...] = ()  # files that must exist (a recipe's GGUF model: scripts/get_smollm2.py), else SKIP
     parallel: bool = False  # may run next to other such steps (--jobs)
     prepare: Callable[[str], None] | None = None  # writes what the command reads (not run by --dry-run)
     clean: tuple[str, ...] = ()  # paths under the workdir removed before the step runs (outputs of an earlier check)
@@ -228,8 +231,10 @@ def smoke_step(recipe: Path) -> Step:
     def command(work: str) -> list[str]:
         return ["ft", "train", rel, "--smoke", "--set", f"train.output_dir={_path(work, name)}"]
 
+    model = (yaml.safe_load(recipe.read_text()) or {}).get("model") or {}
+    gguf = (str((recipe.parent / model["name"] / model["gguf_file"]).resolve()),) if model.get("gguf_file") else ()
     return Step(name, 90, f"`ft train {rel} --smoke` (a CPU rehearsal by design) passes on the GPU machine",
-                command, check_run(name, on_gpu=False, smoke=True), parallel=True)
+                command, check_run(name, on_gpu=False, smoke=True), parallel=True, files=gguf)
 
 
 def build_steps() -> list[Step]:
@@ -457,6 +462,9 @@ class Runner:
         missing = missing_modules(step.requires)
         if missing:
             return f"{', '.join(missing)} does not import here"
+        absent = [path for path in step.files if not Path(path).is_file()]
+        if absent:
+            return f"{', '.join(absent)} is not here (python scripts/get_smollm2.py puts it there)"
         for need in step.needs:
             got = self.results.get(need)
             if got is None or got.result != PASS:

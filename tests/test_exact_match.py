@@ -129,6 +129,11 @@ def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe
     assert before["n"] == 20 and before["exact_match"] == 0.0 and "ended_turn" in before
     lines = [line for line in result.stderr.splitlines() if line.startswith("ft: exact match on 20")]
     assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0.00") and len(lines) == 2
+    answers = [json.loads(line) for line in (tmp_path / "out" / "exact_match.jsonl").read_text().splitlines()]
+    assert len(answers) == 20 and {"prompt", "expected", "before", "after"} == set(answers[0])
+    report = run_ft("report", str(tmp_path / "out"))
+    row = next(line for line in report.stdout.splitlines() if line.startswith("exact match before"))
+    assert "0.00 (n=20)" in row or "0 (n=20)" in row, report.stdout
     # resumed from checkpoint-2: the loaded weights are not the run's start, so there is no baseline to score
     for name in ("summary.json", "final", "checkpoint-4"):
         shutil.rmtree(tmp_path / "out" / name) if name != "summary.json" else (tmp_path / "out" / name).unlink()

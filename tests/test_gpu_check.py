@@ -187,3 +187,20 @@ def test_without_cuda_both_entry_points_exit_3_with_the_reason():
     listed = subprocess.run(["bash", str(WRAPPER), "--dry-run", "--only", "bf16"], capture_output=True, text=True,
                             timeout=60, env=env, cwd=ROOT)
     assert listed.returncode == 0 and "train.bf16=true" in listed.stdout
+
+
+def test_a_recipe_on_a_gguf_file_is_smoke_tested_only_where_the_file_is(tmp_path):
+    """A GPU machine without the real model's file (assets/smollm2/ is ignored by git) skips its smoke step, saying
+    which command puts it there, instead of failing the check."""
+    import dataclasses
+
+    step = gpu_check.smoke_step(gpu_check.ROOT / "recipes" / "smollm2-sft.yaml")
+    assert step.files == (str(gpu_check.ROOT / "assets" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"),)
+    assert gpu_check.smoke_step(gpu_check.ROOT / "recipes" / "quickstart.yaml").files == ()
+    gguf = tmp_path / "m.gguf"
+    elsewhere = dataclasses.replace(step, files=(str(gguf),))
+    runner = gpu_check.Runner([elsewhere], str(tmp_path / "work"), deadline=time.monotonic() + 60, jobs=1,
+                              say=lambda _: None)
+    assert "scripts/get_smollm2.py" in runner.skip_reason(elsewhere)
+    gguf.write_bytes(b"GGUF")
+    assert runner.skip_reason(elsewhere) is None

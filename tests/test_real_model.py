@@ -59,49 +59,38 @@ def test_the_trained_model_learns_to_stop(trained):
     assert summary["exact_match_before"]["ended_turn"] <= 0.2, summary["exact_match_before"]
 
 
-def _prompts(tmp_path: Path) -> Path:
-    rows = [json.loads(line)["messages"][:-1] for line in (DATA / "eval.jsonl").read_text().splitlines()]
+def _first_prompts(tmp_path: Path) -> Path:
+    """The first PROMPTS held-out questions (the fixture's exact-match source), as ``ft generate --file`` reads them."""
+    rows = [json.loads(line)["prompt"] for line in (DATA / "prompts-eval.jsonl").read_text().splitlines()]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"messages": messages}) + "\n" for messages in rows[:PROMPTS]))
     return path
 
 
-def _generated(model: Path, prompts: Path) -> list[str]:
-    result = run_ft("generate", str(model), "--file", str(prompts), "--max-new-tokens", "12")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads(line)["completion"] for line in result.stdout.splitlines() if line.strip()]
+def test_the_run_keeps_every_answer_before_and_after(trained):
+    lines = [json.loads(line) for line in (trained / "exact_match.jsonl").read_text().splitlines()]
+    assert len(lines) == HELD_OUT and set(lines[0]) == {"prompt", "expected", "before", "after"}
+    assert lines[0]["prompt"] == "What is 57 + 6?" and lines[0]["expected"] == "63"
+    summary = _summary(trained)
+    assert sum(line["after"] == line["expected"] for line in lines) / HELD_OUT == summary["exact_match"]["exact_match"]
+    assert summary["exact_match"]["examples"] == [{"prompt": line["prompt"], "expected": line["expected"],
+                                                   "got": line["after"]} for line in lines[:3]]
 
 
-def _base_answers(gguf: Path, prompts: Path) -> list[str]:
-    """Greedy answers of the base model, loaded as transformers loads a GGUF file, through its own chat template
-    (one left-padded batch)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    texts = [tokenizer.apply_chat_template(json.loads(line)["messages"], add_generation_prompt=True, tokenize=False)
-             for line in prompts.read_text().splitlines()]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        output = model.generate(**batch, max_new_tokens=12, do_sample=False)
-    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-
-
-def test_merge_and_generate_give_the_adapter_runs_answers(trained, smollm2, tmp_path):
-    """``ft merge`` folds the adapter into the de-quantized base; greedy text from the merged model equals the
-    adapter run's on prompts where training changed the answer (the base's answers differ, so an untouched base
-    could not pass)."""
+def test_merge_and_generate_give_the_adapter_runs_answers(trained, tmp_path):
+    """``ft merge`` folds the adapter into the de-quantized base; ``ft generate`` on the merged model answers as the
+    adapter run itself answered (its exact_match.jsonl, scored in memory at the end of training), on prompts where
+    training changed the answer (the base's, scored before training, differ: an untouched base could not pass)."""
     merged = tmp_path / "merged"
     result = run_ft("merge", str(trained), "--out", str(merged))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
-    prompts = _prompts(tmp_path)
-    adapter, folded = _generated(trained, prompts), _generated(merged, prompts)
-    base = _base_answers(smollm2, prompts)
-    changed = [i for i in range(PROMPTS) if adapter[i].strip() != base[i].strip()]
-    assert len(changed) == PROMPTS, list(zip(base, adapter, strict=True))
-    assert folded == adapter
+    scored = [json.loads(line) for line in (trained / "exact_match.jsonl").read_text().splitlines()][:PROMPTS]
+    assert all(row["after"] != row["before"] for row in scored), scored
+    generated = run_ft("generate", str(merged), "--file", str(_first_prompts(tmp_path)), "--max-new-tokens", "8")
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    folded = [json.loads(line)["completion"].strip() for line in generated.stdout.splitlines() if line.strip()]
+    assert folded == [row["after"] for row in scored]
     # the run's base is rebuilt from its recipe.yaml, and checked as ft train checks it, before it loads
     refused = run_ft("generate", str(trained), "--prompt", "Hi", env={"PYTHONPATH": str(without_module(tmp_path,
                                                                                                       "gguf"))})

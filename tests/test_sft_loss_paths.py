@@ -72,16 +72,17 @@ def test_metrics_score_only_targeted_positions_in_chunks_without_changing_them()
     logits, targets = torch.randn(3, 7, 11), torch.randint(0, 11, (3, 7))
     position = torch.arange(21).reshape(3, 7)
     sparse = position % 3 == 0  # a prompt-heavy batch: a third of the positions have a target, 1-2 in every 4
-    dense = ~sparse  # mostly targeted: every row is scored, the mask multiplied in
+    dense = ~sparse  # mostly targeted
     log_probs = torch.log_softmax(logits, dim=-1)
     for mask in (sparse, dense):
         entropy = (-(log_probs.exp() * log_probs).sum(-1))[mask].sum()
         correct = (logits.argmax(-1) == targets)[mask].sum()
         poisoned = logits.clone()
         poisoned[~mask] = float("nan")  # a position without a target must not reach picked sums
-        cases = [(logits, False), (logits, True)]  # the accelerator way (mask multiplied in); the CPU way
-        if mask is sparse:
-            cases.append((poisoned, True))  # at most half targeted: the CPU way picks the rows out
+        # the accelerator way (mask multiplied in); the CPU way, which gathers the targeted rows alone (so a
+        # position without a target never reaches its sums), also from a non-contiguous view (the shifted logits)
+        wide = torch.cat([poisoned, torch.zeros(3, 1, 11)], dim=1)[:, :-1]
+        cases = [(logits, False), (logits, True), (poisoned, True), (wide, True)]
         for scored, pick in cases:
             for elements in (2**25, 4 * 11):  # one chunk; 4 positions per chunk, 6 chunks
                 got_entropy, got_correct = scored_sums(scored, targets, mask, elements=elements, pick=pick)

@@ -117,7 +117,8 @@ def report_line(result: dict, when: str = "") -> str:
 def after_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
     """``data.eval_exact_match`` of the model ``trainer`` just trained, on ``rows`` (``held_out_rows``, read before
     training so that a bad source fails first), on this (the main) process alone: printed, and returned for
-    summary.json. None when the recipe does not ask, or when the model is sharded over several processes (FSDP,
+    summary.json, every row's answer under ``answers`` (``write_answers`` takes them out for exact_match.jsonl). None
+    when the recipe does not ask, or when the model is sharded over several processes (FSDP,
     DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
     return _scored(recipe, trainer, rows, say, "")
 
@@ -143,9 +144,25 @@ def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
     result = exact_match(model, trainer.processing_class, rows, max_new_tokens=settings.max_new_tokens,
-                         batch_size=settings.batch_size)
+                         batch_size=settings.batch_size, examples=len(rows))
+    result["answers"], result["examples"] = result["examples"], result["examples"][:EXAMPLES]
     say(report_line(result, when))
     return result
+
+
+def write_answers(path, after: dict, before: list[dict] | None) -> None:
+    """``exact_match.jsonl``: each held-out row's prompt, expected answer and greedy answer after training (and
+    before, from the ``answers`` of the score before training), so what training changed can be read row by row.
+    Takes the ``answers`` out of ``after`` (summary.json keeps the first few as ``examples``)."""
+    import json
+
+    answers = after.pop("answers")
+    with open(path, "w", encoding="utf-8") as out:
+        for i, row in enumerate(answers):
+            line = {"prompt": row["prompt"], "expected": row["expected"], "after": row["got"]}
+            if before is not None:
+                line["before"] = before[i]["got"]
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
 def _rows(recipe, sources, keys: list[str]):

@@ -13,6 +13,9 @@ model or data loads.
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 from ..recipe import Recipe
 from ..recipe.errors import first_line
 from ..recipe.processes import uses_fsdp
@@ -121,7 +124,8 @@ def _plain(model, section: ModelSection):
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = load_config(section)  # GGUF's config, quantizer-free
+    config = copy.deepcopy(model.config)  # GGUF's config, read once: each read parses the whole file (seconds)
+    config.__dict__.pop("quantization_config", None)  # the de-quantizer's, not this model's
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype, trust_remote_code=section.trust_remote_code)
     state = model.state_dict()
@@ -131,6 +135,11 @@ def _plain(model, section: ModelSection):
             owner, _, leaf = name.rpartition(".")
             plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
     plain.tie_weights()
+    # PEFT's adapter save looks for config.json under the base's path to tell whether the embeddings were resized,
+    # and warns on every checkpoint when it finds none, as in a GGUF file's folder. ft saves the rows of tokens it
+    # adds itself (trainable_token_indices, model.adapters), so the check has nothing to find: the warning is noise.
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"Could not find a config file in .* will assume that the vocabulary was not")
     plain.generation_config = model.generation_config
     plain.config._name_or_path = plain.name_or_path = model.name_or_path  # what an adapter records as its base
     return plain.train(model.training)

@@ -229,6 +229,7 @@ def _rows(runs: list[Run]):
     names = dict.fromkeys(name for found in headlines for name in found if name != "source")
     for name in names:
         yield f"headline {name}", [_headline_figure(found, name) for found in headlines], False
+    yield "exact match before", [_exact_match(summary.get("exact_match_before")) for summary in summaries], False
     yield "exact match", [_exact_match(summary.get("exact_match")) for summary in summaries], False
 
 

@@ -98,6 +98,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     held_out = exact_match.held_out_rows(recipe, settings.n) if main and settings is not None else None
     # the baseline, scored as the trained model will be; a resumed run's loaded weights are not its start
     baseline = exact_match.before_training(recipe, trainer, held_out, say) if not resume_from else None
+    answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
         facts["exact_match_before"] = baseline
     at_step_end = trainer.args.enable_jit_checkpoint  # ft takes the stop itself: trainers.preemption says why
@@ -141,6 +142,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
                             final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
         if held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
             summary["exact_match"] = exact_match.after_training(recipe, trainer, held_out, say)
+            if summary["exact_match"] is not None:
+                exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], answers_before)
         _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
         say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
         return RunResult("completed", output_dir, summary)
