@@ -23,11 +23,17 @@ def _generator():
 
 
 def test_train_field_table_matches_installed_transformers_and_trl():
+    """The fields, their types and defaults, as the installed transformers/TRL define them. ``generated_from`` (the
+    releases the table was written from) is left out of the comparison: a new release that changes no field (CI
+    installs the newest) must not fail every landing; one that does change a field fails here."""
     generator = _generator()
-    fresh = generator.render(generator.build_table())
-    assert TABLE_PATH.read_text() == fresh, (
-        "src/ft/recipe/train_fields.json is stale for the installed transformers/TRL; "
-        "run `python scripts/gen_train_fields.py` and commit the result"
+    fresh = json.loads(generator.render(generator.build_table()))
+    committed = json.loads(TABLE_PATH.read_text())
+    written_from = committed.pop("generated_from")
+    fresh.pop("generated_from")
+    assert committed == fresh, (
+        f"src/ft/recipe/train_fields.json (written from {written_from}) is stale for the installed "
+        "transformers/TRL; run `python scripts/gen_train_fields.py` and commit the result"
     )
 
 
