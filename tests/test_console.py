@@ -114,6 +114,8 @@ def test_each_filter_hides_its_notice_from_its_source_only():
         r"Failed to load CPU gemm_4bit_forward from kernels-community": "Failed to load CPU gemm_4bit_forward from "
         "kernels-community: No module named 'kernels'. Please make sure you already `pip install kernels` and the "
         "kernels >= 0.11.1",
+        r"Skipping publisher trust check for 'kernels-community/": "Skipping publisher trust check for "
+        "'kernels-community/quantization-bitsandbytes' because Hugging Face Hub is in offline mode.",
         r"`is_gradient_checkpointing` is deprecated": "`is_gradient_checkpointing` is deprecated and will be removed "
         "in v6. Use `is_activation_checkpointing` instead.",
         r"You are importing from 'trl\.experimental'": "You are importing from 'trl.experimental'. APIs here are "

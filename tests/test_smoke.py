@@ -59,6 +59,9 @@ def test_every_shipped_recipe_passes_its_smoke_test_offline(name, smoked, reques
     assert (smoke_dir / "final").is_dir()
     for key in substituted:
         assert key in result.stderr, f"the log must say what was substituted: {key}"
+    if name.startswith("smollm2"):  # the config read from the GGUF file's metadata, shrunk; no file for the tiny one
+        assert described["model"]["config"].startswith("the real one (") and "shrunk" in described["model"]["config"]
+        assert "model.gguf_file" in substituted
 
 
 def test_a_gpu_recipe_gets_its_cpu_equivalents_and_keeps_its_quantization(smoked):

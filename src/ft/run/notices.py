@@ -38,9 +38,15 @@ NOTICES: tuple[Notice, ...] = (
     Notice(r"Failed to load CPU gemm_4bit_forward from kernels-community",
            "bitsandbytes.backends.cpu.ops",
            "bitsandbytes 0.50 tries, on every import on a CPU with AVX512-BF16, to download an optional faster 4-bit "
-           "CPU kernel through the `kernels` package (not a dependency of bitsandbytes or ft), and logs a warning "
-           "when it is missing; its own kernels are used instead, and a run that loads no 4-bit weights never uses "
-           "either",
+           "CPU kernel through the `kernels` package (a dependency of transformers from 5.25, not of bitsandbytes or "
+           "ft), and logs a warning when it or the kernel is missing; its own kernels are used instead, and a run "
+           "that loads no 4-bit weights never uses either",
+           category="log"),
+    Notice(r"Skipping publisher trust check for 'kernels-community/",
+           "kernels._internals.hf_hub",
+           "the same attempt, offline (HF_HUB_OFFLINE=1): the `kernels` package that transformers 5.25 installs says "
+           "it cannot check the kernel's publisher; the kernel is not in the cache, so bitsandbytes falls back to "
+           "its own (the notice above)",
            category="log"),
     Notice(r"`is_gradient_checkpointing` is deprecated",
            r"transformers\.modeling_utils",
