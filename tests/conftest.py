@@ -122,3 +122,54 @@ def assert_same_final_weights(run: Path, reference: Path) -> None:
     assert not different, (f"{len(different)} of {len(ours)} tensors differ from the uninterrupted run (max abs "
                            f"difference {worst:.3g}): {different[:3]}")
 
+
+# Runs shared by ft merge, generate and export tests: a full fine-tune, a LoRA on it, that LoRA merged, and a LoRA on
+# the random-init base (rebuilt by merge from the seed).
+
+LORA = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+
+
+def train_run(folder: Path, recipe: dict) -> Path:
+    """Train ``recipe`` (written to folder/recipe.yaml) through the real CLI; its output directory."""
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    result = run_ft("train", str(path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(recipe["train"]["output_dir"])
+
+
+@pytest.fixture(scope="session")
+def full_run(tmp_path_factory) -> Path:
+    """60 steps: enough that greedy answers are digits (after 3-20 steps the model ends its turn at once, and the
+    texts compared below would be empty)."""
+    folder = tmp_path_factory.mktemp("full")
+    return train_run(folder, tiny_sft(folder / "run", max_steps=60))
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory, full_run) -> Path:
+    """A LoRA adapter on the full run's weights, with a learning rate high enough that it changes the logits (5e-2
+    collapses the answers to an immediate end of turn)."""
+    folder = tmp_path_factory.mktemp("lora")
+    recipe = tiny_sft(folder / "run", max_steps=3)
+    recipe.update(model={"name": str(full_run / "final"), "init": "pretrained"}, adapter=LORA,
+                  optimizer={"lr": 1.0e-2})
+    return train_run(folder, recipe)
+
+
+@pytest.fixture(scope="session")
+def random_lora_run(tmp_path_factory) -> Path:
+    """A LoRA adapter on the shipped config with random weights (none on disk), seed 7 (not the default 42)."""
+    folder = tmp_path_factory.mktemp("random-lora")
+    recipe = tiny_sft(folder / "run", max_steps=3, seed=7)
+    recipe.update(adapter=LORA, optimizer={"lr": 5.0e-2})
+    return train_run(folder, recipe)
+
+
+@pytest.fixture(scope="session")
+def lora_merged(tmp_path_factory, lora_run) -> Path:
+    out = tmp_path_factory.mktemp("merged") / "model"
+    result = run_ft("merge", str(lora_run), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(out)
+    return out

@@ -124,6 +124,9 @@ def test_each_filter_hides_its_notice_from_its_source_only():
         "unstable and may change or be removed without notice.",
         r"OMP_NUM_THREADS/MKL_NUM_THREADS unset, we set it at": "OMP_NUM_THREADS/MKL_NUM_THREADS unset, we set it at "
         "8 to improve oob performance.",
+        r"Unknown ((leading|trailing) special token|(second )?separator token|(second )?middle sequence|sequence) "
+        r"|TemplateProcessing<single> leading/trailing": "Unknown separator token '<|begin_of_text|>' in "
+        "TemplateProcessing<pair>",
     }
     assert set(samples) == {notice.message for notice in notices.NOTICES}
     sources = {r"transformers\.modeling_utils": "transformers.modeling_utils",

@@ -9,66 +9,19 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import ASSETS, built_trainer, run_ft, tiny_sft
+from conftest import ASSETS, built_trainer, run_ft
 from safetensors.torch import load_file
 
 from ft.inference.generate import Sampling, generate, prompt_text
 from ft.inference.locate import InferenceError, locate
 from ft.inference.merge import merge
 
-LORA = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 TOKENS = "8"  # --max-new-tokens: enough to compare texts, cheap on a CPU
 PROMPT = "What is 12 + 7?"
-
-
-def _train(folder: Path, recipe: dict) -> Path:
-    path = folder / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    result = run_ft("train", str(path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return Path(recipe["train"]["output_dir"])
-
-
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory) -> Path:
-    """60 steps: enough that greedy answers are digits (after 3-20 steps the model ends its turn at once, and the
-    texts compared below would be empty)."""
-    folder = tmp_path_factory.mktemp("full")
-    return _train(folder, tiny_sft(folder / "run", max_steps=60))
-
-
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory, full_run) -> Path:
-    """A LoRA adapter on the full run's weights, with a learning rate high enough that it changes the logits (5e-2
-    collapses the answers to an immediate end of turn)."""
-    folder = tmp_path_factory.mktemp("lora")
-    recipe = tiny_sft(folder / "run", max_steps=3)
-    recipe.update(model={"name": str(full_run / "final"), "init": "pretrained"}, adapter=LORA,
-                  optimizer={"lr": 1.0e-2})
-    return _train(folder, recipe)
-
-
-@pytest.fixture(scope="module")
-def random_lora_run(tmp_path_factory) -> Path:
-    """A LoRA adapter on the shipped config with random weights (none on disk), seed 7 (not the default 42)."""
-    folder = tmp_path_factory.mktemp("random-lora")
-    recipe = tiny_sft(folder / "run", max_steps=3, seed=7)
-    recipe.update(adapter=LORA, optimizer={"lr": 5.0e-2})
-    return _train(folder, recipe)
-
-
-@pytest.fixture(scope="module")
-def lora_merged(tmp_path_factory, lora_run) -> Path:
-    out = tmp_path_factory.mktemp("merged") / "model"
-    result = run_ft("merge", str(lora_run), "--out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == str(out)
-    return out
 
 
 def _batch(tokenizer) -> dict:

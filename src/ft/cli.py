@@ -293,6 +293,38 @@ def generate(
     _guarded_at(step, "generating", "ft-generate")
 
 
+@app.command()
+def export(
+    source: Annotated[Path, typer.Argument(metavar="RUN_OR_MODEL_DIR", show_default=False,
+                                           help="A run directory (its final/: a full model, or an adapter folded "
+                                                "into its base as ft merge does), or a model directory.")],
+    gguf: Annotated[Path, typer.Option("--gguf", metavar="OUT.gguf", show_default=False,
+                                       help="The GGUF file to write (for llama.cpp, Ollama, LM Studio).")],
+    quant: Annotated[Literal["f32", "f16", "bf16", "q8_0"], typer.Option(
+        help="Tensor type of the weight matrices (norms stay f32): f32 exact, f16/bf16 half the size, q8_0 a "
+             "quarter.")] = "f16",
+    modelfile: Annotated[bool, typer.Option("--modelfile", help="Also write OUT.Modelfile for `ollama create`: "
+                                            "its TEMPLATE and stop tokens from the chat template.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT.gguf (and OUT.Modelfile) if they "
+                                            "exist.")] = False,
+) -> None:
+    """Write a trained model as one GGUF file: architecture metadata, tokenizer and chat template, weights."""
+    from .inference.export import export as run_export
+    from .run.notices import install as hide_notices_not_for_the_user
+
+    hide_notices_not_for_the_user()  # not with FT_DEBUG=1 (notices.py)
+
+    def step() -> None:
+        try:
+            run_export(source, gguf, quant, overwrite, modelfile, say=_err)
+        except KeyboardInterrupt:
+            _err(f"ft export: interrupted; {gguf} was not written (the partial file was removed).")
+            raise typer.Exit(130) from None
+
+    _guarded_at(step, "exporting", "ft-export")
+    print(gguf)
+
+
 def _guarded_at(step, doing: str, log_name: str):
     """``_guarded`` for commands without a recipe: the unexpected failure's traceback goes to
     <temp dir>/<log_name>/error.log, since there is no output directory of a run to hold it."""

@@ -69,6 +69,14 @@ NOTICES: tuple[Notice, ...] = (
            "accelerate sets the threads of each CPU process of a several-process run itself and says so on every "
            "rank; set OMP_NUM_THREADS to choose another number",
            warning="UserWarning"),
+    Notice(r"Unknown ((leading|trailing) special token|(second )?separator token|(second )?middle sequence|sequence) "
+           r"|TemplateProcessing<single> leading/trailing",
+           "gguf.vocab",
+           "`ft export` hands the saved tokenizer to gguf's SpecialVocab, which guesses the add-BOS/EOS flags from the "
+           "tokenizer's post-processor and warns about the parts of it that are not its single-sequence template "
+           "(the pair template, for two texts, e.g. Llama 3's); GGUF has no pair template and the flags it writes "
+           "come from the single one",
+           category="log"),
 )
 
 _DEBUG_ENV = "FT_DEBUG"
