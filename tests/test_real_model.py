@@ -77,13 +77,19 @@ def test_the_run_keeps_every_answer_before_and_after(trained):
                                                    "got": line["after"]} for line in lines[:3]]
 
 
-def test_merge_and_generate_give_the_adapter_runs_answers(trained, tmp_path):
+@pytest.fixture(scope="module")
+def merged(trained, tmp_path_factory) -> Path:
+    """``ft merge`` of the run: the adapter folded into the de-quantized base."""
+    out = tmp_path_factory.mktemp("smollm2-merged") / "merged"
+    result = run_ft("merge", str(trained), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_merge_and_generate_give_the_adapter_runs_answers(trained, merged, tmp_path):
     """``ft merge`` folds the adapter into the de-quantized base; ``ft generate`` on the merged model answers as the
     adapter run itself answered (its exact_match.jsonl, scored in memory at the end of training), on prompts where
     training changed the answer (the base's, scored before training, differ: an untouched base could not pass)."""
-    merged = tmp_path / "merged"
-    result = run_ft("merge", str(trained), "--out", str(merged))
-    assert result.returncode == 0, result.stderr[-3000:]
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
     scored = [json.loads(line) for line in (trained / "exact_match.jsonl").read_text().splitlines()][:PROMPTS]
     assert all(row["after"] != row["before"] for row in scored), scored
@@ -95,3 +101,39 @@ def test_merge_and_generate_give_the_adapter_runs_answers(trained, tmp_path):
     refused = run_ft("generate", str(trained), "--prompt", "Hi", env={"PYTHONPATH": str(without_module(tmp_path,
                                                                                                       "gguf"))})
     assert refused.returncode == 2 and "pip install 'ft[gguf]'" in refused.stderr, refused.stderr[-2000:]
+
+
+def test_export_writes_a_gguf_that_answers_as_the_run_did(trained, merged, tmp_path):
+    """``ft export`` of the merged model (an adapter run exports to the same bytes as its merge: test_export.py)
+    writes f16 GGUF; transformers reads the file back (model and tokenizer from the GGUF alone) and answers the
+    held-out prompts as the run itself answered, with SmolLM2's real tokenizer encoding the training data to the same
+    ids and the chat template carried over."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "smollm2-sums.gguf"
+    result = run_ft("export", str(merged), "--gguf", str(out), "--quant", "f16", "--modelfile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "f16" in result.stderr and "llama architecture" in result.stderr
+    modelfile = (tmp_path / "smollm2-sums.Modelfile").read_text()
+    assert modelfile.startswith("FROM ./smollm2-sums.gguf\n") and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert "You are a helpful AI assistant named SmolLM" in modelfile  # the template's default system prompt
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
+    source = AutoTokenizer.from_pretrained(trained / "final")
+    assert tokenizer.chat_template == source.chat_template
+    for line in (DATA / "train.jsonl").read_text().splitlines()[:50]:
+        text = source.apply_chat_template(json.loads(line)["messages"], tokenize=False)
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == source(text, add_special_tokens=False)[
+            "input_ids"]
+    scored = [json.loads(line) for line in (trained / "exact_match.jsonl").read_text().splitlines()][:PROMPTS]
+    prompts = [json.loads(line)["prompt"] for line in (DATA / "prompts-eval.jsonl").read_text().splitlines()]
+    answers = []
+    for messages in prompts[:PROMPTS]:
+        encoded = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False, return_tensors="pt")
+        with torch.no_grad():
+            output = model.generate(**encoded, max_new_tokens=8, do_sample=False,
+                                    pad_token_id=tokenizer.pad_token_id)
+        answers.append(tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True).strip())
+    assert answers == [row["after"] for row in scored]
