@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import sys
 import types
 import typing
@@ -75,10 +76,22 @@ def _help(field: dataclasses.Field) -> str:
     return text[:400]
 
 
+VALUES = re.compile(r"(?:Possible|Supported) values are:?\s*(.*?)\.(?:\s|$)")
+
+
+def _documented_values(field: dataclasses.Field) -> dict:
+    """``{"values": [...]}`` when a string field's help lists the values the trainer accepts ("Possible values are:
+    'a', 'b'." in TRL's help texts: DPO's and GRPO's ``loss_type``), else {}. TRL types these as plain strings and
+    checks them only when training runs; ft checks them when the recipe is read."""
+    found = VALUES.search(" ".join(str(field.metadata.get("help", "")).split()))
+    values = re.findall(r"'([A-Za-z0-9_\-]+)'", found.group(1)) if found else []
+    return {"values": values} if values else {}
+
+
 def _fields(cls) -> dict[str, dict]:
     hints = typing.get_type_hints(cls)
     return {
-        f.name: {**_type_spec(hints[f.name]), "default": _default(f), "help": _help(f)}
+        f.name: {**_type_spec(hints[f.name]), "default": _default(f), "help": _help(f), **_documented_values(f)}
         for f in dataclasses.fields(cls)
         if f.init and not f.name.startswith("_")
     }

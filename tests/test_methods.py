@@ -26,7 +26,7 @@ SECTIONS = [
     ("kto", {"beta": 0.37, "desirable_weight": 1.5, "undesirable_weight": 0.5}),
     ("orpo", {"beta": 0.37}),
     ("grpo", {"num_generations": 4, "max_completion_length": 12, "steps_per_generation": 2, "temperature": 0.7,
-              "top_p": 0.9, "top_k": 5, "beta": 0.05}),
+              "top_p": 0.9, "top_k": 5, "beta": 0.05, "loss_type": "bnpo"}),
     ("grpo", {"num_generations": 4, "generation_batch_size": 16}),
 ]
 

@@ -16,12 +16,14 @@ in ``ft.trainers`` passes each one on. Defaults are TRL's own, read from the gen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictStr, field_validator
 
 from .base import Section, resolve_input_path
+from .errors import did_you_mean
 from .hooks import BuiltinOrUser, check_reference
 from .names import BUILTIN_REWARDS
 from .train_section import method_fields
@@ -31,6 +33,27 @@ Number = Union[int, float]
 
 def trl_default(method: str, name: str):
     return method_fields(method)[name]["default"]
+
+
+def documented_values(method: str, name: str) -> list[str]:
+    """The values TRL's help text for the method's config field lists as accepted (e.g. ``loss_type``), as the
+    generated field table recorded them; [] when the help lists none."""
+    return method_fields(method)[name].get("values", [])
+
+
+def one_of_documented(method: str, name: str):
+    """A validator: each value (one, or a list) is one TRL documents for ``method``'s ``name``. TRL checks these only
+    when the loss is first computed, after the model loaded; the recipe is checked before anything loads."""
+
+    def check(value):
+        allowed = documented_values(method, name)
+        for item in value if isinstance(value, list) else [value]:
+            if allowed and item not in allowed:
+                raise ValueError(f"{item!r} is not a {method} {name} TRL accepts; choose from {', '.join(allowed)} "
+                                 f"(docs/trainers.md says what each does).{did_you_mean(item, allowed)}")
+        return value
+
+    return field_validator(name)(check)
 
 
 class MethodSection(Section):
@@ -43,6 +66,12 @@ class MethodSection(Section):
     CONFIG_MOVED: ClassVar[dict[str, str]] = {}
     EXAMPLE: ClassVar[str] = ""  # a value for the section's required keys, for the error when the section is missing
 
+    def problems(self, effective: Callable[[str], Any]) -> list[tuple[str, str]]:
+        """(recipe key, why) for each of this section's settings that does not fit the recipe's ``train:`` values
+        (``effective(name)``: the value the trainer will see). Checked with the recipe (``rules``), where TRL checks
+        only once the model is loaded."""
+        return []
+
 
 class DpoSection(MethodSection):
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {"beta": "beta", "loss_type": "loss_type"}
@@ -54,6 +83,32 @@ class DpoSection(MethodSection):
         "or the base with the adapter disabled when training LoRA.")
 
     resolve_ref = field_validator("ref_model")(resolve_input_path)
+    known_loss = one_of_documented("dpo", "loss_type")
+
+    F_DIVERGENCE_LOSSES: ClassVar[tuple[str, ...]] = ("sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust",
+                                                      "discopop", "sft")
+
+    def problems(self, effective: Callable[[str], Any]) -> list[tuple[str, str]]:
+        """What DPOTrainer checks of its loss types once the model is loaded: EXO needs label smoothing (its paper
+        recommends 1e-3), robust DPO a smoothing below 0.5 (the assumed share of flipped labels), AOT sorts samples
+        and so cannot take WPO weighting, and an f-divergence other than reverse KL cancels only in the losses built
+        on the chosen-rejected reward difference."""
+        losses, smoothing = self.loss_type, effective("label_smoothing")
+        if "exo_pair" in losses and smoothing == 0:
+            return [("dpo.loss_type", "exo_pair needs `train.label_smoothing` above 0 (the EXO paper recommends "
+                     "0.001).")]
+        if "robust" in losses and not 0 <= smoothing < 0.5:
+            return [("train.label_smoothing", "robust DPO reads it as the share of flipped labels: it must be in "
+                     f"[0, 0.5), not {smoothing}.")]
+        if effective("use_weighting") and {"aot", "aot_unpaired"} & set(losses):
+            return [("train.use_weighting", "aot and aot_unpaired sort the samples of a batch, which would misalign "
+                     "WPO's per-pair weights; drop use_weighting or choose another loss type.")]
+        divergence = effective("f_divergence_type")
+        if divergence != "reverse_kl" and not set(losses) <= set(self.F_DIVERGENCE_LOSSES):
+            return [("train.f_divergence_type", f"{divergence} works only with the loss types "
+                     f"{', '.join(self.F_DIVERGENCE_LOSSES)} (the others have no f-divergence form); the recipe has "
+                     f"{', '.join(losses)}.")]
+        return []
 
 
 class RewardSpec(BuiltinOrUser):
@@ -74,7 +129,7 @@ class RewardSpec(BuiltinOrUser):
 class GrpoSection(MethodSection):
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {
         name: name for name in ("num_generations", "max_completion_length", "steps_per_generation",
-                                "generation_batch_size", "temperature", "top_p", "top_k", "beta")
+                                "generation_batch_size", "temperature", "top_p", "top_k", "beta", "loss_type")
     }
 
     num_generations: PositiveInt = Field(trl_default("grpo", "num_generations"),
@@ -89,10 +144,31 @@ class GrpoSection(MethodSection):
     top_p: Number = Field(trl_default("grpo", "top_p"), gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(trl_default("grpo", "top_k"), ge=0, description="Top-k sampling (0: off).")
     beta: Number = Field(trl_default("grpo", "beta"), ge=0, description="KL coefficient (0: no reference model).")
+    loss_type: StrictStr = Field(trl_default("grpo", "loss_type"),
+                                 description="GRPO loss formulation (how token losses are aggregated).")
     rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
 
     CONFIG_MOVED: ClassVar[dict[str, str]] = {"reward_weights": "grpo.rewards[].weight"}
     EXAMPLE: ClassVar[str] = "[{name: exact_match}]"
+
+    known_loss = one_of_documented("grpo", "loss_type")
+
+    SEQUENCE_LEVEL: ClassVar[tuple[str, ...]] = ("luspo",)  # GRPOConfig: needs importance_sampling_level='sequence'
+    TOKEN_LEVEL: ClassVar[tuple[str, ...]] = ("bnpo", "dr_grpo", "dapo", "cispo", "vespo")  # refused at sequence level
+
+    def problems(self, effective: Callable[[str], Any]) -> list[tuple[str, str]]:
+        """TRL's GRPO loss types each assume a level of importance sampling (``train.importance_sampling_level``,
+        per token by default): LUSPO scales whole sequences and needs ``sequence``; the token-normalised ones need
+        ``token``. GRPOTrainer raises on a mismatch once the model is loaded."""
+        level = effective("importance_sampling_level")
+        if self.loss_type in self.SEQUENCE_LEVEL and level != "sequence":
+            return [("grpo.loss_type", f"{self.loss_type} weighs whole sequences, so it needs "
+                     f"`train.importance_sampling_level: sequence` (the recipe has {level}).")]
+        if self.loss_type in self.TOKEN_LEVEL and level != "token":
+            return [("grpo.loss_type", f"{self.loss_type} normalises token by token, so it needs "
+                     f"`train.importance_sampling_level: token` (the default; the recipe has {level}); with "
+                     "sequence-level sampling use grpo, sapo or luspo.")]
+        return []
 
 
 class KtoSection(MethodSection):

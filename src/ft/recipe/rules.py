@@ -465,6 +465,16 @@ def generation_batch_divides(recipe: Recipe) -> list[Problem]:
 
 
 @rule
+def method_settings_fit_training(recipe: Recipe) -> list[Problem]:
+    """What a method's own section asks of the rest of the recipe (its ``MethodSection.problems``: e.g. a loss type
+    that needs a ``train:`` setting TRL checks only once the model is loaded)."""
+    section = recipe.method_section
+    if section is None:
+        return []
+    return [problem for key, message in section.problems(recipe.effective) for problem in error(key, message)]
+
+
+@rule
 def checkpoints_end_generation_rounds(recipe: Recipe) -> list[Problem]:
     """A method that generates (GRPO) serves ``steps_per_generation`` × ``num_iterations`` micro-batches from one
     round of generated completions, a buffer no checkpoint holds: a run resumed from a checkpoint inside a round

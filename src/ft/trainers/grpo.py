@@ -86,6 +86,7 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
         top_p=grpo.top_p,
         top_k=grpo.top_k,
         beta=grpo.beta,
+        loss_type=grpo.loss_type,
         reward_weights=[float(spec.weight) for spec in grpo.rewards],
         remove_unused_columns=False,
         trust_remote_code=model.trust_remote_code,
