@@ -161,10 +161,8 @@ def gguf_problems(section: ModelSection) -> list:
         return [Problem(key, f"{path} does not exist; name a .gguf file inside the folder `model.name` names "
                         f"(the shipped smollm2-* recipes read the file `python {GET_SMOLLM2}` puts there).")]
     try:
-        reader = GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode()
-    except Exception as exc:  # gguf's own errors: a bad magic number, a file cut short (tensors past its end)
+        architecture = _whole_gguf_architecture(path, GGUFReader)
+    except Exception as exc:  # the readers' errors: a bad magic number, a file cut short (tensors past its end)
         return [Problem(key, f"{path} is not a whole GGUF file ({first_line(exc)}): a download or copy cut short, or "
                         "another format; fetch it again.")]
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
@@ -174,6 +172,22 @@ def gguf_problems(section: ModelSection) -> list:
         return [Problem(key, f"{path} holds a `{architecture}` model, which transformers cannot read from GGUF (it "
                         f"reads {readable}); use the model's own checkpoint (safetensors) instead.")]
     return []
+
+
+def _whole_gguf_architecture(path, reader_class) -> str:
+    """The file's ``general.architecture``, once its header and tensor table are read and every tensor is seen to end
+    inside the file. transformers' own header reader does this in milliseconds; gguf's ``GGUFReader`` (the fallback,
+    for a transformers without it) parses every metadata array first, seconds for a 49k-token vocabulary."""
+    try:
+        from transformers.integrations.gguf.reader import GgufHeader
+    except ImportError:
+        field = reader_class(str(path)).fields["general.architecture"]  # checks the tensors' extent itself
+        return bytes(field.parts[field.data[0]]).decode()
+    header = GgufHeader.from_file(str(path))
+    end = max((header.data_start + tensor.offset + tensor.nbytes for tensor in header.tensors), default=0)
+    if end > path.stat().st_size:
+        raise ValueError(f"its tensors end at byte {end}, past the file's {path.stat().st_size} bytes")
+    return header.architecture
 
 
 def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization):
