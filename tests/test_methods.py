@@ -18,7 +18,7 @@ from ft.run.hardware import device_defaults
 
 DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
             "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),
-            "grpo": ("prompts.jsonl", "prompt")}
+            "grpo": ("prompts.jsonl", "prompt"), "reward": ("preference.jsonl", "preference")}
 REWARDS = [{"name": "numeric_match", "weight": 0.75}, {"name": "format", "weight": 0.25, "args": {"pattern": r"\d+"}}]
 # non-default values for every field of every method section; GRPO twice, as its two batch settings exclude each other
 SECTIONS = [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..recipe.errors import first_line
 from .gguf_file import QUANTS, architecture_of, unsupported, write_gguf
-from .locate import Found, InferenceError, find_base, load_adapter_model, load_tokenizer, locate
+from .locate import Found, InferenceError, find_base, load_adapter_model, load_tokenizer, locate, scoring_model
 from .modelfile import modelfile_text
 
 ARG = "RUN_OR_MODEL_DIR"
@@ -44,6 +44,9 @@ def export(source: Path, out: Path, quant: str = "f16", overwrite: bool = False,
     if modelfile_path is not None:
         _check_out(modelfile_path, overwrite, "--modelfile")
     found = locate(source, ARG)
+    if scoring_model(found):
+        raise InferenceError(f"{ARG}: {found.path} is a reward model (a sequence classifier); GGUF files for "
+                             "llama.cpp and Ollama hold models that write text. Nothing was written.")
     _check_architecture(found)
     _check_gguf()
     model, tokenizer = _load(found, say)

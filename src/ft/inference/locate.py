@@ -247,9 +247,25 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
 
 # --- a model to generate with -------------------------------------------------------------------------------------
 
+def scoring_model(found: Found) -> bool:
+    """Whether ``found`` is a model that scores sequences (a reward model: a sequence classifier, or an adapter
+    trained for one) rather than one that writes text."""
+    name, key = ("adapter_config.json", "task_type") if found.kind == "adapter" else ("config.json", "architectures")
+    try:
+        value = json.loads((found.path / name).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return value == "SEQ_CLS" if key == "task_type" else any(str(a).endswith("ForSequenceClassification")
+                                                             for a in value or ())
+
+
 def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None]):
     """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT)."""
     found = locate(path, "MODEL_OR_RUN_DIR")
+    if scoring_model(found):
+        raise InferenceError(f"MODEL_OR_RUN_DIR: {found.path} is a reward model (it scores a text with one number) "
+                             "and writes no text; load it with AutoModelForSequenceClassification to score, or "
+                             "generate with the policy model it scores.")
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, dtype, "MODEL_OR_RUN_DIR", say)
     else:

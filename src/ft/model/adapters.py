@@ -60,8 +60,10 @@ def _continue_adapter(model, path: str, say):
     return PeftModel.from_pretrained(model, path, is_trainable=True)
 
 
-def lora_config(section: AdapterSection | None, new_token_ids: list[int] = ()):
-    """The new adapter's ``LoraConfig`` for TRL (None without an adapter, or when one is continued from a path)."""
+def lora_config(section: AdapterSection | None, new_token_ids: list[int] = (), task_type: str = "CAUSAL_LM"):
+    """The new adapter's ``LoraConfig`` for TRL (None without an adapter, or when one is continued from a path).
+    ``task_type``: the method's (``Method.peft_task``); for a reward model PEFT then trains and saves the new score
+    head with the adapter."""
     if section is None or section.path:
         return None
     from peft import LoraConfig
@@ -75,5 +77,5 @@ def lora_config(section: AdapterSection | None, new_token_ids: list[int] = ()):
         use_dora=section.use_dora,
         use_rslora=section.use_rslora,
         trainable_token_indices=list(new_token_ids) or None,
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )

@@ -17,6 +17,7 @@ import copy
 
 from ..recipe import Recipe
 from ..recipe.errors import first_line
+from ..recipe.methods import METHODS
 from ..recipe.processes import uses_fsdp
 from ..recipe.schema import ModelSection, QuantizationSection
 
@@ -83,31 +84,57 @@ def _weights_kwargs(section: ModelSection, fsdp: bool = False) -> dict:
     return kwargs
 
 
-def load_model(recipe: Recipe, seed: int):
-    """The base model: pretrained weights, or built from its config with ``seed``; quantized as the recipe says."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+def model_class(recipe: Recipe):
+    """The transformers auto class of the model the recipe's method trains (``Method.model_class``): a causal LM, or
+    for a reward model a sequence classifier with one score."""
+    import transformers
 
-    section = recipe.model
-    kwargs = _weights_kwargs(section, fsdp=uses_fsdp(recipe))
+    return getattr(transformers, METHODS[recipe.method].model_class)
+
+
+def _seed_new_head(recipe: Recipe, seed: int) -> None:
+    """A pretrained model given a new head (a reward model's score) draws it from the RNG: seeded, it is the same each
+    run (and ``ft merge`` rebuilds it). A causal LM draws nothing here, and the RNG is left as it was."""
+    if METHODS[recipe.method].scores:
+        from transformers import set_seed
+
+        set_seed(seed)
+
+
+def _head_kwargs(recipe: Recipe) -> dict:
+    """A scoring model has one output (the reward), read at the last non-pad token, so its config needs the pad id."""
+    return {"num_labels": 1} if METHODS[recipe.method].scores else {}
+
+
+def load_model(recipe: Recipe, seed: int):
+    """The base model: pretrained weights, or built from its config with ``seed``; quantized as the recipe says. A
+    scoring method's head (a reward model's score) is new: it is drawn with ``seed`` too."""
+    import torch
+    from transformers import AutoConfig, set_seed
+
+    section, auto = recipe.model, model_class(recipe)
+    kwargs = {**_weights_kwargs(section, fsdp=uses_fsdp(recipe)), **_head_kwargs(recipe)}
     try:
         if section.init == "pretrained" and section.gguf_file:
             from transformers import GgufConfig
 
             quantization = kwargs.pop("quantization_config", None)  # of the de-quantized weights, as for random init
             dense = GgufConfig(dequantize=True)  # never left in GGUF blocks (kept with a matmul kernel installed)
-            model = _plain(AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs,
-                                                                quantization_config=dense), section)
-            return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
+            _seed_new_head(recipe, seed)
+            model = _plain(auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs,
+                                                quantization_config=dense), section, auto)
+            return model if quantization is None else _quantized_copy(model, section, kwargs, quantization, auto)
         if section.init == "pretrained":
-            return AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
-        config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
+            _seed_new_head(recipe, seed)
+            return auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs)
+        config = AutoConfig.from_pretrained(section.name, **_common_kwargs(section), **_head_kwargs(recipe))
         set_seed(seed)
         quantization = kwargs.pop("quantization_config", None)
+        kwargs.pop("num_labels", None)  # in the config already
         if kwargs["dtype"] == "auto":
             kwargs["dtype"] = torch.float32
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=section.trust_remote_code, **kwargs)
-        return model if quantization is None else _quantized_copy(model, section, kwargs, quantization)
+        model = auto.from_config(config, trust_remote_code=section.trust_remote_code, **kwargs)
+        return model if quantization is None else _quantized_copy(model, section, kwargs, quantization, auto)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "model", exc)) from None
     except ImportError:  # the gguf package, which only a GGUF file needs; another (a model's own code) is raised on
@@ -116,17 +143,16 @@ def load_model(recipe: Recipe, seed: int):
         raise ModelLoadError(f"model.gguf_file: {GGUF_MISSING}") from None
 
 
-def _plain(model, section: ModelSection):
+def _plain(model, section: ModelSection, auto):
     """The de-quantized weights of a model loaded from a GGUF file in a plain model of its config (no quantizer
     attached: it saves), built on the meta device and handed the tensors themselves (no copy, no random init); the
     buffers a state dict leaves out (rotary frequencies) are handed over too."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(model.config)  # GGUF's config, read once: each read parses the whole file (seconds)
     config.__dict__.pop("quantization_config", None)  # the de-quantizer's, not this model's
     with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype, trust_remote_code=section.trust_remote_code)
+        plain = auto.from_config(config, dtype=model.dtype, trust_remote_code=section.trust_remote_code)
     state = model.state_dict()
     plain.load_state_dict(state, assign=True)
     for name, buffer in model.named_buffers():
@@ -190,17 +216,15 @@ def _whole_gguf_architecture(path, reader_class) -> str:
     return header.architecture
 
 
-def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization):
+def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization, auto):
     """A randomly initialised model, quantized: transformers quantizes while loading weights, so the new weights are
     saved to a temporary directory and loaded back through bitsandbytes (what a smoke test of a QLoRA recipe needs)."""
     import tempfile
 
-    from transformers import AutoModelForCausalLM
-
     with tempfile.TemporaryDirectory(prefix="ft-random-base-") as folder:
         model.save_pretrained(folder)
-        quantized = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=section.trust_remote_code,
-                                                         **kwargs, quantization_config=quantization)
+        quantized = auto.from_pretrained(folder, trust_remote_code=section.trust_remote_code,
+                                         **kwargs, quantization_config=quantization)
     # what an adapter records as its base (base_model_name_or_path), not the temporary folder
     quantized.config._name_or_path = quantized.name_or_path = section.name
     return quantized

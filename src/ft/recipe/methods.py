@@ -218,6 +218,16 @@ class Method:
     reference_copy: bool = False  # a full fine-tune keeps a frozen copy of the start model as its reference
     fused_lm_head: bool = False  # on an accelerator TRL scores the LM head in tiles, never the full logits
     axolotl: tuple[str, ...] = ()  # Axolotl's ``rl:`` values that train this method
+    scores: bool = False  # trains a model that scores a sequence (one number: a reward model) instead of writing text
+
+    @property
+    def model_class(self) -> str:
+        """The transformers auto class of the model it trains (``model.loading``), and PEFT's task type for it."""
+        return "AutoModelForSequenceClassification" if self.scores else "AutoModelForCausalLM"
+
+    @property
+    def peft_task(self) -> str:
+        return "SEQ_CLS" if self.scores else "CAUSAL_LM"
 
 
 _ACCURACY = Headline("reward_accuracy", "rewards/accuracies", "acc")
@@ -235,6 +245,10 @@ METHODS: dict[str, Method] = {
                   reference_copy=True, axolotl=("kto",)),
     "orpo": Method(OrpoSection, ("preference",), "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False,
                    headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",)),
+    "reward": Method(None, ("preference",), "trl:RewardConfig", ft_tokenizes=False,
+                     headlines=(Headline("pair_accuracy", "accuracy", "acc"), Headline("reward_margin", "margin",
+                                                                                        "margin")),
+                     sequences_per_row=2, scores=True),
 }
 METHOD_SECTIONS: dict[str, type[MethodSection]] = {name: m.section for name, m in METHODS.items() if m.section}
 

@@ -118,6 +118,15 @@ def exact_match_needs_held_out_rows(recipe: Recipe) -> list[Problem]:
     return []
 
 
+@rule
+def exact_match_needs_a_model_that_writes(recipe: Recipe) -> list[Problem]:
+    """A method that trains a scoring model (a reward model: one number per sequence) writes no answers to score."""
+    if recipe.data.eval_exact_match is not None and METHODS[recipe.method].scores:
+        return error("data.eval_exact_match", f"{recipe.method} trains a model that scores texts and writes none, so "
+                     "there are no answers to compare; drop it (the run reports held-out pair accuracy instead).")
+    return []
+
+
 # --- checkpoints ------------------------------------------------------------------------------------
 
 

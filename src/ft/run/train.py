@@ -25,6 +25,7 @@ from ..outputs.summary import (
 )
 from ..recipe import LoadedRecipe, Recipe
 from ..recipe.errors import first_line
+from ..recipe.methods import METHODS
 from ..recipe.resolved import resolved_recipe_yaml
 from ..trainers import distributed
 from ..trainers.build import TrainerInputs, build_trainer
@@ -178,7 +179,8 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                 **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
                 **checkpoints.JIT_DEFAULT}
     inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
-                           hardware.optimizer_defaults(recipe, hw), adapters.lora_config(recipe.adapter, new_token_ids))
+                           hardware.optimizer_defaults(recipe, hw),
+                           adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task))
     trainer = build_trainer(recipe, inputs)
     if phases is not None:
         phases.update(prepare_data=round(data_ready - clock, 3), load_model=round(time.perf_counter() - data_ready, 3))

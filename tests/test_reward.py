@@ -1,0 +1,119 @@
+"""``method: reward``: TRL's RewardTrainer on preference pairs trains a sequence classifier with one score that ranks
+chosen above rejected on held-out pairs; ``final/`` loads with ``AutoModelForSequenceClassification``; summary.json
+and the console report pair accuracy and margin; a LoRA reward run keeps its new score head and merges; what a
+scoring model cannot do (exact match, ft generate, ft export) is refused with the reason.
+
+The pairs: the arithmetic questions, answered with the bare number (chosen) or with a refusal (rejected), a
+difference a small model learns in a few dozen steps, so the test is about the trainer, not about arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DATA, run_ft, tiny_sft
+
+REFUSAL = [{"role": "assistant", "content": "I am not able to work that out."}]
+
+
+def _pairs(folder: Path, source: str, count: int) -> Path:
+    rows = [json.loads(line) for line in (DATA / source).read_text().splitlines()[:count]]
+    path = folder / source
+    path.write_text("".join(json.dumps({**row, "rejected": REFUSAL}) + "\n" for row in rows))
+    return path
+
+
+def _recipe(folder: Path, **train) -> dict:
+    settings = {"max_steps": 40, "per_device_train_batch_size": 16, "logging_steps": 10, "eval_strategy": "steps",
+                "eval_steps": 20, "eval_on_start": True, "per_device_eval_batch_size": 50, **train}
+    recipe = tiny_sft(folder / "run", **settings)
+    recipe.update(method="reward", optimizer={"lr": 1.0e-3})
+    recipe["data"] = {"train": [{"path": str(_pairs(folder, "preference.jsonl", 640)), "format": "preference"}],
+                      "eval": [{"path": str(_pairs(folder, "preference-eval.jsonl", 100)), "format": "preference"}],
+                      "max_length": 64}
+    return recipe
+
+
+def _train(folder: Path, recipe: dict, *args: str):
+    import yaml
+
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return run_ft("train", str(path), *args)
+
+
+@pytest.fixture(scope="module")
+def reward_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reward")
+    result = _train(folder, _recipe(folder))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "acc " in result.stderr and "margin " in result.stderr  # the console's training line
+    return folder / "run"
+
+
+def _scores(model_dir: Path, rows: list[dict]) -> torch.Tensor:
+    """(chosen score, rejected score) per row, computed here from the saved model and tokenizer alone."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert model.config.num_labels == 1
+    out = []
+    for row in rows:
+        pair = []
+        for answer in (row["chosen"], row["rejected"]):
+            ids = tokenizer.apply_chat_template(row["prompt"] + answer, tokenize=True, return_tensors="pt",
+                                                return_dict=True)
+            with torch.no_grad():
+                pair.append(float(model(**ids).logits[0, 0]))
+        out.append(pair)
+    return torch.tensor(out)
+
+
+def test_a_reward_model_learns_to_rank_chosen_above_rejected(reward_run):
+    summary = json.loads((reward_run / "summary.json").read_text())
+    figures = summary["headline"]
+    assert figures["source"] == "eval"
+    accuracy, margin = figures["pair_accuracy"], figures["reward_margin"]
+    # the new score head ranks the two kinds of answer one way or the other by chance, with a margin near 0;
+    # training opens the margin in the right direction
+    assert margin["first_step"] == 0 and abs(margin["first"]) < 0.5, margin
+    assert accuracy["last"] >= 0.95 and margin["last"] > margin["first"] + 1.0, figures
+    rows = [json.loads(line) for line in (reward_run.parent / "preference-eval.jsonl").read_text().splitlines()]
+    scores = _scores(reward_run / "final", rows[:30])
+    assert float((scores[:, 0] > scores[:, 1]).float().mean()) >= 0.95, scores
+
+
+def test_exact_match_generate_and_export_are_refused_for_a_reward_model(reward_run, tmp_path):
+    recipe = _recipe(tmp_path)
+    recipe["data"]["eval_exact_match"] = {"n": 10}
+    result = _train(tmp_path, recipe)
+    assert result.returncode == 2 and "data.eval_exact_match" in result.stderr and "scores texts" in result.stderr
+    assert not (tmp_path / "run").exists()
+    generated = run_ft("generate", str(reward_run), "--prompt", "What is 2 + 2?")
+    assert generated.returncode == 2 and "is a reward model" in generated.stderr
+    exported = run_ft("export", str(reward_run), "--gguf", str(tmp_path / "rm.gguf"))
+    assert exported.returncode == 2 and "is a reward model" in exported.stderr and not (tmp_path / "rm.gguf").exists()
+
+
+def test_a_lora_reward_model_saves_its_score_head_and_merges(tmp_path):
+    recipe = _recipe(tmp_path, max_steps=20)
+    recipe["adapter"] = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+    recipe["data"]["max_length"] = 24  # shorter than every pair: refused, nothing trains
+    result = _train(tmp_path, recipe)
+    assert result.returncode == 2 and "every one of its 640 pairs" in result.stderr, result.stderr[-2000:]
+    recipe["data"]["max_length"] = 43  # shorter than some pairs: they are left out, and the run says how many
+    result = _train(tmp_path, recipe, "--overwrite")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pairs have a chosen or rejected text longer than data.max_length (43 tokens)" in result.stderr
+    adapter = json.loads((tmp_path / "run" / "final" / "adapter_config.json").read_text())
+    assert adapter["task_type"] == "SEQ_CLS" and "score" in " ".join(adapter["modules_to_save"] or [])
+    merged = run_ft("merge", str(tmp_path / "run"), "--out", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"]  # one label: _scores checks it
+    rows = [json.loads(line) for line in (tmp_path / "preference-eval.jsonl").read_text().splitlines()]
+    scores = _scores(tmp_path / "merged", rows[:10])
+    assert torch.isfinite(scores).all() and not torch.equal(scores[:, 0], scores[:, 1])
