@@ -6,6 +6,7 @@ environment and secrets in its recipe, writes none of them into any file of its 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -20,11 +21,9 @@ from ft.recipe.methods import METHODS
 from ft.recipe.train_section import method_fields
 from ft.run.hardware import device_defaults
 
-DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
-            "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),
-            "grpo": ("prompts.jsonl", "prompt")}
-# every hub_strategy, spread over the methods
-STRATEGY = {"sft": "checkpoint", "dpo": "all_checkpoints", "kto": "every_save", "orpo": "end", "grpo": "checkpoint"}
+FILES = {"chat": "train.jsonl", "preference": "preference.jsonl", "prompt": "prompts.jsonl"}  # each method's first
+# every hub_strategy, spread over the methods in turn
+STRATEGY = dict(zip(METHODS, itertools.cycle(method_fields("sft")["hub_strategy"]["choices"])))
 HUB = {"push_to_hub": True, "hub_model_id": "someone/tiny-run", "hub_private_repo": True, "hub_always_push": True,
        "hub_revision": "experiments"}
 NO_TOKEN = {"HF_TOKEN": None, "HUGGING_FACE_HUB_TOKEN": None, "HF_TOKEN_PATH": None, "HF_OIDC_RESOURCE": None}
@@ -33,10 +32,10 @@ NO_TOKEN = {"HF_TOKEN": None, "HUGGING_FACE_HUB_TOKEN": None, "HF_TOKEN_PATH": N
 def _recipe(tmp_path, method: str, **train) -> dict:
     recipe = tiny_sft(tmp_path / "out", eval_strategy="no", **train)
     recipe["method"] = method
-    name, fmt = DATA_FOR[method]
-    recipe["data"] = {"train": [{"path": str(DATA / name), "format": fmt}], "max_length": 48}
-    if method == "grpo":
-        recipe["grpo"] = {"num_generations": 4, "rewards": [{"name": "numeric_match"}]}
+    fmt = METHODS[method].formats[0]
+    recipe["data"] = {"train": [{"path": str(DATA / FILES[fmt]), "format": fmt}], "max_length": 48}
+    if METHODS[method].generates:
+        recipe[method] = {"num_generations": 4, "rewards": [{"name": "numeric_match"}]}
     return recipe
 
 
