@@ -173,3 +173,11 @@ def lora_merged(tmp_path_factory, lora_run) -> Path:
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == str(out)
     return out
+
+
+def logged_rewards(checkpoint: Path) -> list[float]:
+    """The mean reward of each logged step of a GRPO or RLOO run, from a checkpoint's trainer_state.json."""
+    import json
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return [entry["reward"] for entry in state["log_history"] if "reward" in entry]

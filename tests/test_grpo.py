@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS, DATA, built_trainer, run_ft
+from conftest import ASSETS, DATA, built_trainer, logged_rewards, run_ft
 
 from ft.data import DataError
 from ft.recipe import load_recipe
@@ -232,8 +232,8 @@ def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_mod
                        per_device_train_batch_size=32, save_strategy="steps", save_steps=30)
     result = run_ft("train", str(write_recipe(recipe)))
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "out" / "checkpoint-30" / "trainer_state.json").read_text())
-    rewards = [entry["reward"] for entry in state["log_history"] if "reward" in entry]
+    rewards = logged_rewards(tmp_path / "out" / "checkpoint-30")
     assert len(rewards) == 30
     assert sum(rewards[:5]) / 5 < 0.7 and sum(rewards[-10:]) / 10 > 0.85, rewards
+    state = json.loads((tmp_path / "out" / "checkpoint-30" / "trainer_state.json").read_text())
     assert "rewards/format/mean" in state["log_history"][0]  # TRL logs each reward under its name

@@ -18,7 +18,8 @@ from ft.run.hardware import device_defaults
 
 DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
             "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),
-            "grpo": ("prompts.jsonl", "prompt"), "reward": ("preference.jsonl", "preference")}
+            "grpo": ("prompts.jsonl", "prompt"), "reward": ("preference.jsonl", "preference"),
+            "rloo": ("prompts.jsonl", "prompt")}
 REWARDS = [{"name": "numeric_match", "weight": 0.75}, {"name": "format", "weight": 0.25, "args": {"pattern": r"\d+"}}]
 # non-default values for every field of every method section; GRPO twice, as its two batch settings exclude each other
 SECTIONS = [
@@ -28,6 +29,9 @@ SECTIONS = [
     ("grpo", {"num_generations": 4, "max_completion_length": 12, "steps_per_generation": 2, "temperature": 0.7,
               "top_p": 0.9, "top_k": 5, "beta": 0.05, "loss_type": "bnpo"}),
     ("grpo", {"num_generations": 4, "generation_batch_size": 16}),
+    ("rloo", {"num_generations": 4, "max_completion_length": 12, "steps_per_generation": 2, "temperature": 0.7,
+              "top_p": 0.9, "top_k": 5, "beta": 0.5}),
+    ("rloo", {"num_generations": 4, "generation_batch_size": 16}),
 ]
 
 
@@ -37,7 +41,7 @@ def _recipe(write_recipe, tmp_path, method: str, section: dict | None = None):
     name, fmt = DATA_FOR[method]
     recipe["data"] = {"train": [{"path": str(DATA / name), "format": fmt}], "max_length": 48}
     recipe["train"]["eval_strategy"] = "no"
-    if method == "grpo":
+    if METHODS[method].generates:
         section = {**(section or {}), "rewards": REWARDS}
     if section is not None:
         recipe[method] = section

@@ -126,30 +126,41 @@ class RewardSpec(BuiltinOrUser):
     checked_fn = field_validator("fn")(check_reference)
 
 
-class GrpoSection(MethodSection):
-    CONFIG_FIELDS: ClassVar[dict[str, str]] = {
-        name: name for name in ("num_generations", "max_completion_length", "steps_per_generation",
-                                "generation_batch_size", "temperature", "top_p", "top_k", "beta", "loss_type")
-    }
+GENERATION_FIELDS = ("num_generations", "max_completion_length", "steps_per_generation", "generation_batch_size",
+                     "temperature", "top_p", "top_k", "beta")
 
-    num_generations: PositiveInt = Field(trl_default("grpo", "num_generations"),
-                                         description="Completions sampled per prompt.")
-    max_completion_length: PositiveInt = Field(trl_default("grpo", "max_completion_length"),
-                                               description="Token limit of each completion.")
-    steps_per_generation: Optional[PositiveInt] = Field(
-        None, description="Optimizer steps served by one generation round (unset: gradient_accumulation_steps).")
-    generation_batch_size: Optional[PositiveInt] = Field(
-        None, description="Prompts×completions per generation round (alternative to steps_per_generation).")
-    temperature: Number = Field(trl_default("grpo", "temperature"), gt=0, description="Sampling temperature.")
-    top_p: Number = Field(trl_default("grpo", "top_p"), gt=0, le=1, description="Nucleus sampling.")
-    top_k: int = Field(trl_default("grpo", "top_k"), ge=0, description="Top-k sampling (0: off).")
-    beta: Number = Field(trl_default("grpo", "beta"), ge=0, description="KL coefficient (0: no reference model).")
+
+def generation_section(method: str) -> type[MethodSection]:
+    """The settings every method that samples completions and scores them with rewards shares (GRPO, RLOO), with
+    that method's own TRL defaults (RLOO's differ from GRPO's)."""
+
+    class GenerationSection(MethodSection):
+        CONFIG_FIELDS: ClassVar[dict[str, str]] = {name: name for name in GENERATION_FIELDS}
+        CONFIG_MOVED: ClassVar[dict[str, str]] = {"reward_weights": f"{method}.rewards[].weight"}
+        EXAMPLE: ClassVar[str] = "[{name: exact_match}]"
+
+        num_generations: PositiveInt = Field(trl_default(method, "num_generations"),
+                                             description="Completions sampled per prompt.")
+        max_completion_length: PositiveInt = Field(trl_default(method, "max_completion_length"),
+                                                   description="Token limit of each completion.")
+        steps_per_generation: Optional[PositiveInt] = Field(
+            None, description="Optimizer steps served by one generation round (unset: gradient_accumulation_steps).")
+        generation_batch_size: Optional[PositiveInt] = Field(
+            None, description="Prompts×completions per generation round (alternative to steps_per_generation).")
+        temperature: Number = Field(trl_default(method, "temperature"), gt=0, description="Sampling temperature.")
+        top_p: Number = Field(trl_default(method, "top_p"), gt=0, le=1, description="Nucleus sampling.")
+        top_k: int = Field(trl_default(method, "top_k"), ge=0, description="Top-k sampling (0: off).")
+        beta: Number = Field(trl_default(method, "beta"), ge=0, description="KL coefficient (0: no reference model).")
+        rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
+
+    return GenerationSection
+
+
+class GrpoSection(generation_section("grpo")):
+    CONFIG_FIELDS: ClassVar[dict[str, str]] = {name: name for name in (*GENERATION_FIELDS, "loss_type")}
+
     loss_type: StrictStr = Field(trl_default("grpo", "loss_type"),
                                  description="GRPO loss formulation (how token losses are aggregated).")
-    rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
-
-    CONFIG_MOVED: ClassVar[dict[str, str]] = {"reward_weights": "grpo.rewards[].weight"}
-    EXAMPLE: ClassVar[str] = "[{name: exact_match}]"
 
     known_loss = one_of_documented("grpo", "loss_type")
 
@@ -169,6 +180,10 @@ class GrpoSection(MethodSection):
                      f"`train.importance_sampling_level: token` (the default; the recipe has {level}); with "
                      "sequence-level sampling use grpo, sapo or luspo.")]
         return []
+
+
+class RlooSection(generation_section("rloo")):
+    """RLOO: each completion's advantage is its reward minus the mean of the other completions of its prompt."""
 
 
 class KtoSection(MethodSection):
@@ -245,6 +260,8 @@ METHODS: dict[str, Method] = {
                   reference_copy=True, axolotl=("kto",)),
     "orpo": Method(OrpoSection, ("preference",), "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False,
                    headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",)),
+    "rloo": Method(RlooSection, ("prompt",), "trl:RLOOConfig", ft_tokenizes=False,
+                   headlines=(Headline("reward", "reward", "reward"),), generates=True),
     "reward": Method(None, ("preference",), "trl:RewardConfig", ft_tokenizes=False,
                      headlines=(Headline("pair_accuracy", "accuracy", "acc"), Headline("reward_margin", "margin",
                                                                                         "margin")),

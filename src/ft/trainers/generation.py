@@ -1,0 +1,93 @@
+"""What ft adds to the trainers that sample completions and score them with rewards (GRPO, RLOO): TRL generates,
+batches and scores; ft counts the tokens, stops by signal only at the end of a generation round, gives TRL a
+reference model it can load, and maps the shared settings of the method's section onto TRL's config."""
+
+from __future__ import annotations
+
+import tempfile
+
+from ..recipe import Recipe
+
+
+class GenerationRounds:
+    """A mixin for TRL's GRPOTrainer and RLOOTrainer (before ``FtTrainerMixin`` in the bases).
+
+    ``reference_snapshot``: the KL term's reference model is a copy of the start model. TRL loads it from the
+    policy's ``config._name_or_path``, which holds no weights TRL can read when the model was built from its config
+    (``model.init: random``) or taken from a GGUF file (``snapshot_reference``); then the start model is saved to a
+    temporary directory that TRL loads it from.
+    """
+
+    def __init__(self, model, *args, reference_snapshot: bool = False, **kwargs):
+        config = kwargs.get("args")
+        if not (reference_snapshot and config is not None and config.beta != 0.0
+                and kwargs.get("peft_config") is None and not isinstance(model, str)):
+            super().__init__(model, *args, **kwargs)
+            return
+        name = model.config._name_or_path
+        with tempfile.TemporaryDirectory(prefix="ft-reference-") as start:
+            model.save_pretrained(start)
+            model.config._name_or_path = start  # TRL loads the reference from here, within __init__
+            try:
+                super().__init__(model, *args, **kwargs)
+            finally:
+                model.config._name_or_path = name
+
+    def ft_stop_point(self, global_step: int) -> bool:
+        """At the end of a generation round only. TRL generates completions for ``steps_per_generation`` ×
+        ``num_iterations`` micro-batches at once and serves them from a buffer, which no checkpoint holds: a run
+        resumed inside a round would generate the rest anew (other samples, and rounds shifted). At a round's end
+        the buffer is used up, and the resumed run's first micro-batch generates the next round from the same
+        weights, prompts and random state as the uninterrupted run's."""
+        args = self.args
+        return global_step * args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's batches are raw rows until this step generates (or takes from its buffer) the completions; the
+        prompt and completion tokens are counted here for ft's token accounting."""
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training:
+            padded = inputs["prompt_ids"].numel() + inputs["completion_ids"].numel()
+            self._ft_count(padded, inputs["prompt_mask"].sum() + inputs["completion_mask"].sum(),
+                           len(inputs["prompt_ids"]))
+        return inputs
+
+
+def snapshot_reference(recipe: Recipe) -> bool:
+    """Whether TRL cannot load the start model by its name: built from its config (no weights on disk), or read from
+    a GGUF file (a folder or repository TRL would read without its ``gguf_file``)."""
+    return recipe.model.init == "random" or recipe.model.gguf_file is not None
+
+
+def section_kwargs(recipe: Recipe) -> dict:
+    """The method section's shared settings in TRL's names, and what else these trainers read from the recipe:
+
+    - ``reward_weights``: TRL reads them from the config, built before the trainer; they live in the recipe as
+      ``<method>.rewards[].weight``. The functions go to the constructor.
+    - ``remove_unused_columns: False`` (TRL's default, restated): the rows' other fields (``answer``, …) must reach
+      the reward functions.
+    - ``trust_remote_code``: TRL loads the reference model itself (``beta > 0`` without an adapter) with this flag;
+      it follows ``model.trust_remote_code``. Likewise ``model.revision``, through ``model_init_kwargs``, for a
+      pretrained model (TRL then warns that the policy ignores model_init_kwargs: it does, ft loaded it already with
+      that revision).
+
+    Prompts are used whole (these trainers have no prompt-length setting), so ``data.max_length`` does not apply;
+    ``max_completion_length`` bounds the completions.
+    """
+    section, model = recipe.method_section, recipe.model
+    reference_loads = section.beta != 0 and recipe.adapter is None and not snapshot_reference(recipe)
+    revision = model.revision if reference_loads else None
+    return {
+        "num_generations": section.num_generations,
+        "max_completion_length": section.max_completion_length,
+        "steps_per_generation": section.steps_per_generation,
+        "generation_batch_size": section.generation_batch_size,
+        "temperature": section.temperature,
+        "top_p": section.top_p,
+        "top_k": section.top_k,
+        "beta": section.beta,
+        "reward_weights": [float(spec.weight) for spec in section.rewards],
+        "remove_unused_columns": False,
+        "trust_remote_code": model.trust_remote_code,
+        "model_init_kwargs": {"revision": revision} if revision else None,
+    }

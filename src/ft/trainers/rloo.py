@@ -1,0 +1,28 @@
+"""RLOO: TRL's RLOOTrainer on canonical prompt rows, scored by the recipe's rewards as GRPO is. Each completion's
+advantage is its reward minus the mean reward of the other completions of the same prompt (the leave-one-out
+baseline). TRL tokenizes, generates and batches; ft adds what it adds to GRPO (``ft.trainers.generation``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trl import RLOOConfig, RLOOTrainer
+
+from ..recipe import Recipe
+from .build import TrainerInputs, trainer_kwargs, trl_config
+from .generation import GenerationRounds, section_kwargs, snapshot_reference
+from .mixin import FtTrainerMixin
+
+
+class FtRLOOTrainer(GenerationRounds, FtTrainerMixin, RLOOTrainer):
+    """RLOOTrainer with ft's token accounting (FtTrainerMixin) and generation rounds (GenerationRounds)."""
+
+
+def config(recipe: Recipe, defaults: Mapping[str, object]) -> RLOOConfig:
+    """The ``rloo:`` section (``section_kwargs``)."""
+    return trl_config(RLOOConfig, recipe, defaults, **section_kwargs(recipe))
+
+
+def build(recipe: Recipe, inputs: TrainerInputs) -> FtRLOOTrainer:
+    return FtRLOOTrainer(reward_funcs=list(inputs.hooks.rewards), reference_snapshot=snapshot_reference(recipe),
+                         **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
