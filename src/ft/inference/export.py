@@ -17,8 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..recipe.errors import first_line
-from .gguf_file import QUANTS, architecture_of, unsupported, write_gguf
-from .locate import Found, InferenceError, find_base, load_adapter_model, load_tokenizer, locate, scoring_model
+from .gguf_file import QUANTS, architecture_of, write_gguf
+from .locate import (
+    Found,
+    InferenceError,
+    find_base,
+    load_adapter_model,
+    load_full,
+    load_tokenizer,
+    locate,
+    scoring_model,
+)
 from .modelfile import modelfile_text
 
 ARG = "RUN_OR_MODEL_DIR"
@@ -84,9 +93,8 @@ def _check_gguf() -> None:
     try:
         import gguf  # noqa: F401 - the writer, name maps and quantizers
     except ImportError:
-        from ..model.loading import GGUF_MISSING
-
-        raise InferenceError(f"--gguf: writing {GGUF_MISSING[len('reading '):]}") from None
+        raise InferenceError("--gguf: writing a GGUF file needs the `gguf` package, which is not installed here; run "
+                             "`pip install 'ft[gguf]'` (or `pip install gguf`). Nothing was written.") from None
 
 
 def _make_parent(out: Path) -> None:
@@ -134,16 +142,7 @@ def _load(found: Found, say: Callable[[str], None]):
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, None, ARG, say)
         return model.merge_and_unload(safe_merge=True), tokenizer
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(found.path, dtype="auto")
-    except (OSError, ValueError) as exc:
-        if "does not recognize this architecture" in str(exc) or "Unrecognized configuration" in str(exc):
-            raise unsupported(None, ARG) from None
-        raise InferenceError(f"{ARG}: could not load the model in {found.path}: {first_line(exc)}. It needs "
-                             "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
-    return model.eval(), load_tokenizer(found, ARG, say)
+    return load_full(found.path, "auto", ARG).eval(), load_tokenizer(found, ARG, say)
 
 
 def _atomically(path: Path, write: Callable[[Path], object]):

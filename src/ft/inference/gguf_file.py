@@ -86,13 +86,13 @@ def write_gguf(model, tokenizer, folder: Path, path: Path, quant: str, where: st
     writer = gguf.GGUFWriter(None, arch.gguf_arch)
     _add_config(writer, config, _types(quant)[0])
     pre = add_tokenizer(writer, tokenizer, config.vocab_size, folder, where)
-    for item in planned:
-        shape, dtype, nbytes = _stored_shape(item)
+    stored = [_stored_shape(item) for item in planned]
+    for item, (shape, dtype, nbytes) in zip(planned, stored, strict=True):
         writer.add_tensor_info(item.name, shape, dtype, nbytes, raw_dtype=item.qtype)
     writer.write_header_to_file(path=path)
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    total, done = sum(_stored_shape(item)[2] for item in planned), 0
+    total, done = sum(nbytes for *_, nbytes in stored), 0
     try:
         for item in planned:
             data = _convert(item, where)

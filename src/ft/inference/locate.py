@@ -269,7 +269,7 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, dtype, "MODEL_OR_RUN_DIR", say)
     else:
-        model, tokenizer = _load_full(found.path, dtype or "auto"), load_tokenizer(found, "MODEL_OR_RUN_DIR", say)
+        model, tokenizer = load_full(found.path, dtype or "auto"), load_tokenizer(found, "MODEL_OR_RUN_DIR", say)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -277,14 +277,15 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     return model.to(device).eval(), tokenizer
 
 
-def _load_full(folder: Path, dtype: str):
+def load_full(folder: Path, dtype: str, arg: str = "MODEL_OR_RUN_DIR"):
+    """A full model as saved (``ft generate``, ``ft export``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     try:
         return AutoModelForCausalLM.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
-        raise InferenceError(f"MODEL_OR_RUN_DIR: could not load the model in {folder}: {first_line(exc)}. It needs "
+        raise InferenceError(f"{arg}: could not load the model in {folder}: {first_line(exc)}. It needs "
                              "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
 
 
