@@ -192,22 +192,55 @@ def test_a_missing_model_is_one_paragraph_naming_model_name(tmp_path):
     assert bad.returncode == 2 and "--gpu-memory" in bad.stderr
 
 
-def test_estimate_matches_the_peak_memory_of_a_real_cpu_run(tmp_path):
-    """Two SFT steps of an 18M-parameter Llama (vocabulary 32000: the logits dominate, as in small models), its
-    peak RSS above the imported libraries measured by benchmarks/plan_accuracy.py's child."""
-    model = _model(tmp_path, hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=4, head_dim=64, vocab_size=32000, tie_word_embeddings=False)
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"text": " ".join(f"word{i % 97} {i}" for i in range(300))}) + "\n"
-                            for _ in range(16)))
-    path = _recipe(tmp_path, model, rows, data={"max_length": 128},
-                   train={"max_steps": 2, "save_strategy": "no", "report_to": "none", "eval_strategy": "no",
-                          "enable_jit_checkpoint": False, "gradient_checkpointing": False})
-    est = _estimate(path, device="cpu")
+def _measured_peak(path: Path) -> float:
+    """The peak RSS above the imported libraries of a run of the recipe, measured by benchmarks/plan_accuracy.py's
+    child."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "TQDM_DISABLE": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plan_accuracy.py"), "--child", str(path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     line = next((x for x in done.stdout.splitlines() if x.startswith("PLAN_ACCURACY_RESULT ")), None)
     assert line, done.stderr[-3000:]
-    measured = json.loads(line.split(" ", 1)[1])["measured"]
+    return json.loads(line.split(" ", 1)[1])["measured"]
+
+
+def _words(start: int, count: int) -> str:
+    return " ".join(f"word{i % 97} {i}" for i in range(start, start + count))
+
+
+SMALL_WIDE = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "tie_word_embeddings": False}
+RUN = {"max_steps": 2, "save_strategy": "no", "report_to": "none", "eval_strategy": "no",
+       "enable_jit_checkpoint": False, "gradient_checkpointing": False}
+
+
+def test_estimate_matches_the_peak_memory_of_a_real_cpu_run(tmp_path):
+    """Two SFT steps of an 18M-parameter Llama (vocabulary 32000: the logits dominate, as in small models)."""
+    model = _model(tmp_path, **SMALL_WIDE)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": _words(0, 300)}) + "\n" for _ in range(16)))
+    path = _recipe(tmp_path, model, rows, data={"max_length": 128}, train=RUN)
+    est, measured = _estimate(path, device="cpu"), _measured_peak(path)
+    assert 0.85 <= est.total / measured <= 1.15, (est.total / MiB, measured / MiB)
+
+
+def test_a_reward_models_estimate_has_a_score_head_and_matches_a_real_cpu_run(tmp_path):
+    """The same model trained as a reward model: a score per position instead of 32000 logits, so the peak is a
+    fraction of SFT's, and the estimate follows it (it once counted the LM head's logits)."""
+    from transformers import AutoTokenizer
+
+    model = _model(tmp_path, **SMALL_WIDE)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    pair = {"prompt": _words(0, 10), "chosen": " " + _words(10, 10), "rejected": " " + _words(20, 10)}
+    assert 110 < len(tokenizer(pair["prompt"] + pair["chosen"])["input_ids"]) < 127  # near max_length, kept
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("".join(json.dumps(pair) + "\n" for _ in range(16)))
+    sft = _estimate(_recipe(tmp_path, model, rows, data={"max_length": 128}), device="cpu")
+    path = _recipe(tmp_path, model, rows, method="reward", train=RUN)
+    recipe = yaml.safe_load(path.read_text())
+    recipe["data"] = {"train": [{"path": str(rows), "format": "preference"}], "max_length": 128}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    est = _estimate(path, device="cpu")
+    assert _part(est, "scores and loss") < 2 * MiB < 100 * MiB < _part(sft, "logits and loss")
+    assert not any(p.name.startswith("logits") for p in est.parts)
+    measured = _measured_peak(path)
     assert 0.85 <= est.total / measured <= 1.15, (est.total / MiB, measured / MiB)

@@ -179,6 +179,11 @@ class Setup:
         return METHODS[self.method].sequences_per_row
 
     @property
+    def scores(self) -> bool:
+        """The model is a sequence classifier with one score (a reward model): a score head, not an LM head."""
+        return METHODS[self.method].scores
+
+    @property
     def compute(self) -> int:
         """Bytes of an activation: half precision under autocast, else the weights' (float32 beside a k-bit base)."""
         return 2 if self.mixed else self.param_bytes
@@ -288,7 +293,9 @@ def parameters(shape: Shape, s: Setup) -> list[Param]:
                                 full, "linear"))
         params.append(Param(f"model.layers.{i}", 2 * h + shape.biases, 1, base, full, "vector"))
     params.append(Param("model.norm", h, 1, base, full, "vector"))
-    if not shape.tied:
+    if s.scores:  # a new score head in place of the LM head; trained under LoRA too (PEFT's SEQ_CLS task)
+        params.append(Param("score", 1, h, base, True, "head"))
+    elif not shape.tied:
         params.append(Param("lm_head", v, h, base, full, "head"))  # bitsandbytes leaves the output head alone
     if s.adapter:  # adapters train in float32 (PEFT upcasts them on a half-precision base)
         a = s.adapter
@@ -480,6 +487,8 @@ def activations(shape: Shape, s: Setup, params: list[Param]) -> Activations:
 def head_memory(shape: Shape, s: Setup, head_trained: bool) -> tuple[float, float]:
     """(forward, backward) bytes of the LM head and loss beyond the saved activations.
 
+    A reward model's score head: one value per position, a few bytes a token.
+
     Full logits (ft's CPU path, a custom loss, the other methods): the logits, the loss's float32 log-softmax
     (and float32 copy of half-precision logits); ft's CPU SFT metrics add a copy of the shifted logits and three
     float32 chunks of at most 2**25 values (four from half-precision logits); backward holds the log-softmax and
@@ -488,6 +497,8 @@ def head_memory(shape: Shape, s: Setup, head_trained: bool) -> tuple[float, floa
     the head trains, a float32 gradient of its weight."""
     tokens = s.batch * s.sequences * s.max_length
     c, v, h = s.compute, shape.vocab, shape.hidden
+    if s.scores:  # one score per position (the last real one is read), and the pairwise loss on a few numbers
+        return c * tokens + 4 * tokens, 3 * 4 * tokens
     if s.full_logits:
         n = tokens * v
         upcast = 4 * n if c != 4 else 0
@@ -561,7 +572,8 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
         Part("activations saved for backward" + (" (checkpointed)" if s.checkpointing else ""), act.saved,
              0.0 if step else act.saved),
         Part("autocast copies of float32 weights", act.autocast_copies, 0.0 if step else act.autocast_copies),
-        Part("logits and loss" + ("" if s.full_logits else " (fused LM head)"), max(head_fwd, head_bwd),
+        Part("scores and loss" if s.scores else "logits and loss" + ("" if s.full_logits else " (fused LM head)"),
+             max(head_fwd, head_bwd),
              head_fwd if fwd else head_bwd if bwd and head_wins else 0.0),
         Part("backward buffers of one layer" + (" (+ its recomputation)" if s.checkpointing else ""), buffers,
              buffers if bwd and not head_wins else 0.0),

@@ -24,12 +24,15 @@ class BuiltinOrUser(Section):
 
     USER_FIELD: ClassVar[str] = ""
     KIND: ClassVar[str] = ""
+    MORE_SOURCES: ClassVar[dict[str, str]] = {}  # other fields that can name the source: field -> what it names
 
     @model_validator(mode="after")
     def one_source(self):
-        if (self.name is None) == (getattr(self, self.USER_FIELD) is None):
-            raise ValueError(f"give exactly one of `name` (a built-in {self.KIND}) or `{self.USER_FIELD}` "
-                             "(module:name)")
+        sources = ("name", self.USER_FIELD, *self.MORE_SOURCES)
+        if sum(getattr(self, field) is not None for field in sources) != 1:
+            named = [f"`name` (a built-in {self.KIND})", f"`{self.USER_FIELD}` (module:name)",
+                     *(f"`{field}` ({what})" for field, what in self.MORE_SOURCES.items())]
+            raise ValueError(f"give exactly one of {', '.join(named[:-1])} or {named[-1]}")
         return self
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import Field, PositiveInt, StrictStr, field_validator
+from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
 
 from .base import Section, resolve_input_path
 from .errors import did_you_mean
@@ -112,18 +112,31 @@ class DpoSection(MethodSection):
 
 
 class RewardSpec(BuiltinOrUser):
-    """A GRPO reward: a built-in by ``name`` or a user function by ``fn: module:function``."""
+    """A GRPO or RLOO reward: a built-in by ``name``, a user function by ``fn: module:function``, or a learned reward
+    model by ``model:`` (a directory, relative to the recipe, or a hub id)."""
 
     name: Optional[Literal[BUILTIN_REWARDS]] = Field(None, description="Built-in reward.")
     fn: Optional[StrictStr] = Field(None, description="User reward `module:function` (a module next to the recipe "
                                     "is importable).")
+    model: Optional[StrictStr] = Field(
+        None, description="A reward model: a sequence-classification model with one score (the final/ of a `method: "
+        "reward` run, or a hub id); it scores prompt + completion with its own tokenizer and chat template.")
     weight: Number = Field(1.0, description="Weight of this reward in the sum.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the reward.")
 
     USER_FIELD: ClassVar[str] = "fn"
     KIND: ClassVar[str] = "reward"
+    MORE_SOURCES: ClassVar[dict[str, str]] = {"model": "a reward model's directory or hub id"}
 
     checked_fn = field_validator("fn")(check_reference)
+    resolve_model = field_validator("model")(resolve_input_path)
+
+    @model_validator(mode="after")
+    def no_args_for_a_model(self):
+        if self.model is not None and self.args:
+            raise ValueError("`args` are keyword arguments of a reward function; a reward `model` takes none (it "
+                             "scores prompt + completion as it was trained to)")
+        return self
 
 
 GENERATION_FIELDS = ("num_generations", "max_completion_length", "steps_per_generation", "generation_batch_size",
@@ -151,7 +164,8 @@ def generation_section(method: str) -> type[MethodSection]:
         top_p: Number = Field(trl_default(method, "top_p"), gt=0, le=1, description="Nucleus sampling.")
         top_k: int = Field(trl_default(method, "top_k"), ge=0, description="Top-k sampling (0: off).")
         beta: Number = Field(trl_default(method, "beta"), ge=0, description="KL coefficient (0: no reference model).")
-        rewards: list[RewardSpec] = Field(min_length=1, description="Reward functions, summed with their weights.")
+        rewards: list[RewardSpec] = Field(min_length=1, description="Rewards (built-ins, functions, reward models), "
+                                          "summed with their weights.")
 
     return GenerationSection
 

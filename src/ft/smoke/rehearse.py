@@ -13,6 +13,8 @@ rules, callbacks, loss, metrics and rewards.
   family asset). A model.name that is a run's output not written yet (``../runs/quickstart/final``) is looked up
   among the recipes next to this one. Random weights are saved in ``inputs/model``: ``init: pretrained`` loads them,
   and so does a DPO ``ref_model``.
+- Reward models (``rewards: [{model: ...}]``): a tiny random sequence classifier of the reward model's family, with
+  its real tokenizer and chat template, looked up like the model when a recipe here writes it.
 - Data: each source's first ``ROWS`` rows (``smoke.first_rows``; copied to ``inputs/data`` when it has more; errors
   about a copy name the original file and line), or rows generated in its format when it cannot be read.
 - Machine: what a GPU recipe sets that this CPU cannot run (bf16/fp16, flash attention, Liger kernels, 4-bit
@@ -145,6 +147,7 @@ def prepare(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> Smoke:
     _size(edits, recipe)
     _outputs(edits, recipe, out)
     model, tokenizer = _model(edits, loaded, base_dir, out / "inputs" / "model")
+    _reward_models(edits, loaded, base_dir, out / "inputs")
     copies = _data(edits, recipe, out / "inputs" / "data", tokenizer)
     smoke_recipe, warnings = validate(edits.raw, loaded.locations, base_dir=base_dir, source=str(loaded.source))
     known = {w.render() for w in loaded.warnings}
@@ -380,6 +383,32 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
         edits.set(f"{recipe.method}.ref_model", str(model_dir), "the reference model is the tiny model too")
     _adapter_path(edits, recipe)
     return described, tiny.tokenizer
+
+
+def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: Path) -> None:
+    """Each reward model of the rewards (``{model: ...}``) stands in as a tiny random sequence classifier of its family
+    with its real tokenizer, whose chat template the smoke run then renders the prompts with, in
+    ``inputs/reward-<i>/`` under the last two parts of its name (``rm/final``: TRL logs it as ``rm`` still). One that
+    a recipe next to this one writes (``../runs/rm/final``) is looked up as the model is."""
+    recipe = loaded.recipe
+    for i, spec in enumerate(getattr(recipe.method_section, "rewards", None) or ()):
+        if spec.model is None:
+            continue
+        key, name, notes = f"{recipe.method}.rewards.{i}.model", spec.model, []
+        producer = _producer(name, base_dir)
+        if producer is not None:
+            path, name = producer
+            notes.append(f"{spec.model} does not exist yet; it is what {path} writes, from {name}")
+        try:
+            tiny = tiny_model.stand_in(name, None, recipe.model.trust_remote_code, recipe.train_args.get("seed", 42),
+                                       notes, named=spec.model)
+        except tiny_model.UnknownFamily as exc:
+            raise loaded.error([Problem(key, str(exc))]) from None
+        target = folder.joinpath(f"reward-{i}", *Path(spec.model).parts[-2:])  # its last parts: logged under its name
+        tiny.save_as_scorer(target, recipe.train_args.get("seed", 42))
+        described = tiny.described
+        where = ", ".join(filter(None, [f"tokenizer: {described['tokenizer']}", *notes]))
+        edits.set(key, str(target), f"a tiny random {tiny.model_type} reward model; {where}")
 
 
 def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ model_type names, else the model name (``FAMILY_WORDS``). The assets are package
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import re
 from collections.abc import Callable
@@ -63,6 +64,22 @@ class StandIn:
         self.tokenizer.save_pretrained(folder)
         if self.generation is not None:
             self.generation.save_pretrained(folder)
+
+
+    def save_as_scorer(self, folder: Path, seed: int) -> None:
+        """A random sequence classifier with one score of the same tiny config, with the tokenizer: the stand-in for a
+        reward model (``rewards: [{model: ...}]``), which TRL runs with its own tokenizer and chat template."""
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        config = copy.deepcopy(self.model.config)
+        config.num_labels = 1
+        config.pad_token_id = self.tokenizer.pad_token_id
+        torch.manual_seed(seed)
+        scorer = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        folder.mkdir(parents=True)
+        scorer.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
 
 
 def asset(family: str) -> Path:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import tempfile
 
 from ..recipe import Recipe
+from .build import TrainerInputs
+from .learned_reward import reward_inputs
 
 
 class GenerationRounds:
@@ -91,3 +93,9 @@ def section_kwargs(recipe: Recipe) -> dict:
         "trust_remote_code": model.trust_remote_code,
         "model_init_kwargs": {"revision": revision} if revision else None,
     }
+
+
+def reward_kwargs(inputs: TrainerInputs) -> dict:
+    """The rewards for TRL's constructor: ``reward_funcs``, and with a reward model among them the tokenizers
+    (``reward_processing_classes``), each reward model checked against the first training prompt."""
+    return reward_inputs(inputs.hooks.rewards, next(iter(inputs.train_dataset))["prompt"])

@@ -10,7 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
-from .generation import GenerationRounds, section_kwargs, snapshot_reference
+from .generation import GenerationRounds, reward_kwargs, section_kwargs, snapshot_reference
 from .mixin import FtTrainerMixin
 
 
@@ -24,5 +24,5 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
 
 
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtGRPOTrainer:
-    return FtGRPOTrainer(reward_funcs=list(inputs.hooks.rewards), reference_snapshot=snapshot_reference(recipe),
+    return FtGRPOTrainer(**reward_kwargs(inputs), reference_snapshot=snapshot_reference(recipe),
                          **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))

@@ -4,7 +4,8 @@
 ``resolve_hooks`` runs at the start of ``ft train``, before any model loads: a missing module, a typo in a name, a
 wrong signature or bad arguments is a ``PluginError`` naming the recipe key (exit code 2). What it returns is what
 the trainer gets: nothing is imported or constructed a second time. It imports neither TRL nor transformers'
-Trainer (callbacks import ``transformers.TrainerCallback`` only when the recipe names some).
+Trainer (callbacks import ``transformers.TrainerCallback`` only when the recipe names some; a reward model is loaded
+here, with transformers' auto classes, so that one that is not a reward model stops the run before the policy loads).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .rewards import reward_functions
 class Hooks:
     loss: Callable | None = None  # SFT's compute_loss_func
     callbacks: tuple = ()  # TrainerCallback objects, in recipe order
-    rewards: tuple = ()  # GRPO reward functions, in recipe order (their weights stay in the recipe)
+    rewards: tuple = ()  # GRPO/RLOO reward functions and LearnedRewards, in recipe order (weights: the recipe)
     optimizer_class: type | None = None  # optimizer.class (its kwargs stay in the recipe)
     scheduler_class: type | None = None  # scheduler.class (likewise)
 
@@ -35,7 +36,8 @@ def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
     return Hooks(
         loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
         callbacks=tuple(build_callbacks(recipe, base_dir)),
-        rewards=tuple(reward_functions(rewards, base_dir, recipe.method)) if rewards else (),
+        rewards=tuple(reward_functions(rewards, base_dir, recipe.method, recipe.model.trust_remote_code))
+        if rewards else (),
         optimizer_class=_class(opt.cls, "optimizer.class", base_dir, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
         scheduler_class=_class(sched.cls, "scheduler.class", base_dir, "LRScheduler", sched.kwargs,
                                SCHEDULER_PROVIDES),

@@ -1,4 +1,5 @@
-"""GRPO rewards: ft's built-ins by ``name`` and the user's ``fn: module:function``, as TRL reward functions.
+"""GRPO and RLOO rewards: ft's built-ins by ``name`` and the user's ``fn: module:function``, as TRL reward functions,
+and reward models by ``model:`` (``ft.trainers.learned_reward``).
 
 TRL calls every reward function once per generation round as
 ``fn(prompts=[...], completions=[...], completion_ids=[...], trainer_state=..., **columns)``, where each
@@ -23,6 +24,7 @@ from ..data import DataError
 from ..recipe import Problem
 from ..recipe.errors import did_you_mean, first_line
 from ..recipe.methods import RewardSpec
+from .learned_reward import LearnedReward, load_learned_reward, reward_name
 from .plugins import PluginError, check_signature, resolve
 
 RewardFn = Callable[..., list]
@@ -147,15 +149,24 @@ BUILTINS: dict[str, Callable[..., RewardFn]] = {
 }
 
 
-def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str) -> list[RewardFn]:
-    """The reward functions of ``<section>.rewards`` (``specs``; ``section``: the method section, ``grpo``), in
-    recipe order. Their weights stay in the recipe: TRL reads them from its config (``GRPOConfig.reward_weights``).
+def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str,
+                     trust_remote_code: bool = False) -> list[RewardFn | LearnedReward]:
+    """The rewards of ``<section>.rewards`` (``specs``; ``section``: the method section, ``grpo``), in recipe order:
+    functions, and reward models loaded as ``LearnedReward`` (``trust_remote_code``: the recipe's
+    ``model.trust_remote_code``). Their weights stay in the recipe: TRL reads them from its config
+    (``GRPOConfig.reward_weights``).
 
     Raises ``PluginError`` naming the recipe key (``grpo.rewards.<i>.fn``, ``grpo.rewards.<i>.args``, …).
     """
     functions, names = [], set()
     for i, spec in enumerate(specs):
         key = f"{section}.rewards.{i}"
+        if spec.model is not None:  # TRL logs it under its name: unique, like a function's
+            name = reward_name(spec.model)
+            name = f"{name}_{i}" if name in names else name
+            names.add(name)
+            functions.append(load_learned_reward(spec.model, f"{key}.model", name, trust_remote_code))
+            continue
         if spec.name is not None:
             fn = _builtin(spec.name, dict(spec.args), key)
             fn.__name__ = fn.__qualname__ = spec.name  # a fresh closure: it carries the built-in's name
