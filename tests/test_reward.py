@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA, run_ft, tiny_sft
+from conftest import ASSETS, DATA, run_ft, tiny_sft
 
 REFUSAL = [{"role": "assistant", "content": "I am not able to work that out."}]
 
@@ -117,3 +117,27 @@ def test_a_lora_reward_model_saves_its_score_head_and_merges(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "preference-eval.jsonl").read_text().splitlines()]
     scores = _scores(tmp_path / "merged", rows[:10])
     assert torch.isfinite(scores).all() and not torch.equal(scores[:, 0], scores[:, 1])
+
+
+def test_a_reward_model_from_a_gguf_file_trains_and_merges(tmp_path):
+    """A GGUF file's de-quantized weights become a sequence classifier (the real-model recipe smollm2-reward.yaml
+    does this): the model carried no generation config over, and LoRA's merge rebuilds the same base."""
+    pytest.importorskip("gguf")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ft.inference.export import export
+
+    source = tmp_path / "lm"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ASSETS)).save_pretrained(source)
+    AutoTokenizer.from_pretrained(ASSETS).save_pretrained(source)
+    gguf = export(source, tmp_path / "gguf" / "lm.gguf", "f32", say=lambda _: None).path
+    recipe = _recipe(tmp_path, max_steps=2, eval_strategy="no", eval_on_start=False)
+    recipe["model"] = {"name": str(gguf.parent), "gguf_file": gguf.name, "init": "pretrained"}
+    recipe["adapter"] = {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}
+    result = _train(tmp_path, recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = run_ft("merge", str(tmp_path / "run"), "--out", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "preference-eval.jsonl").read_text().splitlines()]
+    assert torch.isfinite(_scores(tmp_path / "merged", rows[:5])).all()

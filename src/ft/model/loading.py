@@ -160,7 +160,8 @@ def _plain(model, section: ModelSection, auto):
             owner, _, leaf = name.rpartition(".")
             plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
     plain.tie_weights()
-    plain.generation_config = model.generation_config
+    if getattr(model, "generation_config", None) is not None:  # a scoring model (reward) has none
+        plain.generation_config = model.generation_config
     plain.config._name_or_path = plain.name_or_path = model.name_or_path  # what an adapter records as its base
     return plain.train(model.training)
 
