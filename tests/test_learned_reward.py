@@ -101,6 +101,33 @@ def test_a_reward_model_scores_each_completion_with_its_own_template_in_eval_mod
         assert entry["reward"] == pytest.approx(sum(alone) / len(alone), abs=1e-4)  # the recorder's weight is 0
 
 
+def test_a_lora_reward_run_scores_as_its_merged_model(write_recipe, tmp_path):
+    """A LoRA reward run named as it is (no ``ft merge`` first): its adapter and score head are folded into the base
+    rebuilt from the run's recipe, and each logged score equals the merged model's (``ft merge``) on that completion."""
+    rm = {"method": "reward", "model": {"name": str(ASSETS), "init": "random"},
+          "adapter": {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
+          "data": {"train": [{"path": str(DATA / "preference.jsonl"), "format": "preference"}], "max_length": 64},
+          "optimizer": {"lr": 1.0e-2},
+          "train": {"output_dir": str(tmp_path / "lora-rm"), "max_steps": 5, "per_device_train_batch_size": 8,
+                    "save_strategy": "no", "report_to": "none", "seed": 0}}
+    assert run_ft("train", str(write_recipe(rm, name="rm.yaml"))).returncode == 0
+    merged = run_ft("merge", str(tmp_path / "lora-rm"), "--out", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    (tmp_path / "recorder.py").write_text(RECORDER)
+    rounds = tmp_path / "rounds.jsonl"
+    rewards = [{"model": str(tmp_path / "lora-rm"), "weight": 1.0},
+               {"fn": "recorder:record", "weight": 0.0, "args": {"path": str(rounds)}}]
+    result = run_ft("train", str(write_recipe(_recipe("grpo", tmp_path / "out", rewards))))
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = [entry["rewards/lora-rm/mean"] for entry in json.loads((tmp_path / "out" / "log_history.json").read_text())
+              if "rewards/lora-rm/mean" in entry]
+    seen = [json.loads(line) for line in rounds.read_text().splitlines()]
+    assert len(logged) == len(seen) == 2
+    for mean, batch in zip(logged, seen, strict=True):
+        alone = _scores_alone(tmp_path / "merged", batch["prompts"], batch["completions"])
+        assert max(alone) - min(alone) > 1e-3 and mean == pytest.approx(sum(alone) / len(alone), abs=1e-4)
+
+
 def _refused(write_recipe, tmp_path, reward_dir: str, *, method: str = "grpo") -> str:
     result = run_ft("train", str(write_recipe(_recipe(method, tmp_path / "out", [{"model": reward_dir}]))))
     assert result.returncode == 2, result.stderr[-3000:]
@@ -125,11 +152,8 @@ def test_a_classifier_with_two_scores_is_refused(write_recipe, tmp_path):
     assert "rloo.rewards.0.model" in message and "2 scores" in message
 
 
-def test_an_adapter_or_a_missing_folder_is_refused_with_the_way_out(write_recipe, tmp_path):
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    assert "ft merge" in _refused(write_recipe, tmp_path, str(adapter))
+def test_a_text_models_adapter_or_a_missing_folder_is_refused_with_the_way_out(write_recipe, lora_run, tmp_path):
+    assert "adapter of a model that writes text" in _refused(write_recipe, tmp_path, str(lora_run))
     assert "does not exist" in _refused(write_recipe, tmp_path, str(tmp_path / "runs" / "rm" / "final"))
 
 

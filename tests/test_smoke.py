@@ -43,8 +43,8 @@ def smoked(tmp_path_factory):
 # smollm2-orpo.yaml keeps the smoke path of a GGUF recipe covered here
 @pytest.mark.parametrize("name", [name for name in RECIPES if name != "smollm2-sft.yaml"])
 def test_every_shipped_recipe_passes_its_smoke_test_offline(name, smoked, request):
-    if "gguf_file:" in (ROOT / "recipes" / name).read_text():
-        request.getfixturevalue("smollm2")  # the real model's file, where the recipe reads its config from
+    if "gguf_file:" in (text := (ROOT / "recipes" / name).read_text()) or "smollm2" in text:
+        request.getfixturevalue("smollm2")  # the real model's file, where the recipe (or its reward model) reads from
     result, folder = smoked(name)
     assert result.returncode == 0, result.stderr[-4000:]
     assert not (folder / "run").exists(), "a smoke run must not write into the recipe's real output directory"
@@ -79,6 +79,23 @@ def test_a_gpu_recipe_gets_its_cpu_equivalents_and_keeps_its_quantization(smoked
     assert saved["model"]["quantization"]["bits"] == 4
     adapter = json.loads((smoke_dir / "final" / "adapter_config.json").read_text())
     assert adapter["r"] == 16
+
+
+def test_a_reward_model_another_recipe_writes_stands_in_with_its_real_tokenizer(smoked, smollm2):
+    """quickstart-grpo-rm.yaml scores with the run smollm2-reward.yaml writes (not there yet): a tiny classifier stands
+    in, followed through that recipe to SmolLM2's GGUF file for the tokenizer and chat template it will render with."""
+    result, folder = smoked("quickstart-grpo-rm.yaml")
+    assert result.returncode == 0, result.stderr[-4000:]
+    smoke_dir = folder / "run-smoke"
+    changes = {entry["key"]: entry for entry in json.loads((smoke_dir / "summary.json").read_text())["smoke"]
+               ["substitutions"]}
+    reward = changes["grpo.rewards.0.model"]
+    assert "smollm2-reward.yaml" in reward["why"] and "tokenizer: the real one" in reward["why"]
+    from transformers import AutoTokenizer
+
+    assert "SmolLM" in AutoTokenizer.from_pretrained(reward["now"]).chat_template
+    logged = json.loads((smoke_dir / "log_history.json").read_text())
+    assert any("rewards/smollm2-reward/mean" in entry for entry in logged)
 
 
 def test_a_cuda_only_optimizer_is_replaced_by_its_cpu_form(tmp_path):

@@ -41,6 +41,7 @@ from ..recipe.hub import HUB_SETTINGS, PUSHING
 from ..recipe.load import validate
 from ..recipe.methods import METHODS
 from ..recipe.optimizers import PACKAGES, traits
+from ..recipe.schema import ModelSection
 from ..run import hardware
 from . import first_rows, tiny_model
 
@@ -352,17 +353,15 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
     """Saves the tiny model (random weights, config, tokenizer) in ``model_dir`` and points the recipe at it.
     Returns (description for summary.json, tokenizer)."""
     recipe = loaded.recipe
-    section = recipe.model
-    name, notes = section.name, []
-    producer = _producer(name, base_dir)
-    if producer is not None:
-        path, name = producer
-        notes.append(f"{section.name} does not exist yet; it is what {path} writes, whose model is {name}")
+    section, notes = recipe.model, []
+    producer = _producer(section.name, base_dir)
+    if producer is not None:  # the model of another recipe's run
+        path, section = producer
+        notes.append(f"{recipe.model.name} does not exist yet; it is what {path} writes, whose model is {section.name}")
     try:
-        own = name == section.name  # not the model of another recipe's run
-        tiny = tiny_model.stand_in(name, section.revision if own else None, section.trust_remote_code,
-                                   recipe.train_args.get("seed", 42), notes, named=section.name,
-                                   gguf_file=section.gguf_file if own else None)
+        tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
+                                   recipe.train_args.get("seed", 42), notes, named=recipe.model.name,
+                                   gguf_file=section.gguf_file)
     except tiny_model.UnknownFamily as exc:
         raise loaded.error([Problem("model.name", str(exc))]) from None
     problems = tiny_model.adapter_problems(recipe.adapter, tiny.model, tiny.model_type)
@@ -394,14 +393,16 @@ def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: 
     for i, spec in enumerate(getattr(recipe.method_section, "rewards", None) or ()):
         if spec.model is None:
             continue
-        key, name, notes = f"{recipe.method}.rewards.{i}.model", spec.model, []
-        producer = _producer(name, base_dir)
+        key, notes = f"{recipe.method}.rewards.{i}.model", []
+        section = ModelSection(name=spec.model, trust_remote_code=recipe.model.trust_remote_code)
+        producer = _producer(spec.model, base_dir)
         if producer is not None:
-            path, name = producer
-            notes.append(f"{spec.model} does not exist yet; it is what {path} writes, from {name}")
+            path, section = producer
+            notes.append(f"{spec.model} does not exist yet; it is what {path} writes, from {section.name}")
         try:
-            tiny = tiny_model.stand_in(name, None, recipe.model.trust_remote_code, recipe.train_args.get("seed", 42),
-                                       notes, named=spec.model)
+            tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
+                                       recipe.train_args.get("seed", 42), notes, named=spec.model,
+                                       gguf_file=section.gguf_file)
         except tiny_model.UnknownFamily as exc:
             raise loaded.error([Problem(key, str(exc))]) from None
         target = folder.joinpath(f"reward-{i}", *Path(spec.model).parts[-2:])  # its last parts: logged under its name
@@ -411,9 +412,10 @@ def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: 
         edits.set(key, str(target), f"a tiny random {tiny.model_type} reward model; {where}")
 
 
-def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, str] | None:
-    """(recipe path, its model.name) when ``name`` is a model another recipe next to this one writes and it does
-    not exist yet (``../runs/quickstart/final``: the quickstart's ``final/`` or one of its checkpoints)."""
+def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, ModelSection] | None:
+    """(recipe path, its model section) when ``name`` is a run another recipe next to this one writes and it does not
+    exist yet (``../runs/quickstart/final``: the quickstart's run directory, its ``final/`` or one of its
+    checkpoints); a run of a run is followed to the model it started from."""
     if not names_a_path(name) or Path(name).exists() or depth == 0:
         return None
     target = (base_dir / Path(name).expanduser()).resolve()
@@ -423,10 +425,9 @@ def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, str] | No
         except Exception:  # a recipe that does not load writes nothing
             continue
         out = Path(str(other.train_args["output_dir"])).resolve()
-        if target == out / "final" or (target.parent == out and target.name.startswith("checkpoint-")):
-            found = other.model.name
-            deeper = _producer(found, path.resolve().parent, depth - 1)
-            return (str(path), deeper[1] if deeper else found)
+        if target in (out, out / "final") or (target.parent == out and target.name.startswith("checkpoint-")):
+            deeper = _producer(other.model.name, path.resolve().parent, depth - 1)
+            return (str(path), deeper[1] if deeper else other.model)
     return None
 
 

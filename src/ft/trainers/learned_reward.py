@@ -4,10 +4,10 @@ TRL's GRPOTrainer and RLOOTrainer take a sequence-classification model among the
 tokenizer it was trained with (``reward_processing_classes``). For each round they render every prompt + completion
 with that tokenizer (its chat template for chat prompts; the two texts joined for text prompts), pad on the right,
 and read the one score at the last real token, in inference mode, on the device the accelerator placed the model on
-(the policy's). ft loads the model and tokenizer, in eval mode with gradients off, and checks before training what
-would otherwise fail late or score nonsense silently: a directory that is not a model with one score (a causal LM, a
-LoRA adapter, a classifier with several labels), a tokenizer that cannot render the prompts, or one with no token to
-pad with.
+(the policy's). ft loads the model and tokenizer, in eval mode with gradients off (a LoRA reward run's adapter folded
+into its base in memory, as ``ft merge`` folds it), and checks before training what would otherwise fail late or
+score nonsense silently: a directory that is not a model with one score (a causal LM, an adapter of one, a classifier
+with several labels), a tokenizer that cannot render the prompts, or one with no token to pad with.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..inference.locate import InferenceError, load_adapter_model, locate, scoring_model
 from ..model.loading import names_a_path
 from ..recipe import Problem
 from ..recipe.errors import first_line
@@ -33,16 +34,38 @@ class LearnedReward:
 
 
 def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: bool = False) -> LearnedReward:
-    """The reward model at ``reference`` (a directory or hub id), checked, logged by TRL as ``rewards/<name>/…``.
-    Raises ``PluginError`` naming ``key`` when it is not one."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    """The reward model at ``reference`` (a model directory, a reward run, its final/ or a checkpoint, or a hub id),
+    checked, logged by TRL as ``rewards/<name>/…``. A LoRA reward run's adapter is folded into its base in memory,
+    as ``ft merge`` folds it. Raises ``PluginError`` naming ``key`` when it is not a reward model."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     folder = Path(reference).expanduser()
     if names_a_path(reference) and not folder.exists():
         raise PluginError(Problem(key, f"{reference} does not exist; {TRAIN_ONE} (or give a hub id)."))
-    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
-        raise PluginError(Problem(key, f"{reference} holds a LoRA adapter, not a whole model; run `ft merge` on its "
-                                       "run and name the merged directory."))
+    if folder.exists():
+        try:
+            found = locate(folder, key)
+        except InferenceError as exc:
+            raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
+        if found.kind == "adapter":
+            return _from_adapter(found, key, name)
+        reference = str(found.path)
+    _check_config(reference, key, trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(reference, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise PluginError(Problem(key, f"{reference} has no tokenizer transformers can read "
+                                       f"({first_line(str(exc))}); a reward model scores text in its own tokens, so "
+                                       "its directory needs the tokenizer it was trained with.")) from None
+    _check_padding(tokenizer, reference, key)
+    model = AutoModelForSequenceClassification.from_pretrained(reference, trust_remote_code=trust_remote_code)
+    return _ready(model, tokenizer, key, name)
+
+
+def _check_config(reference: str, key: str, trust_remote_code: bool) -> None:
+    """A sequence classifier with one score, judged from its config before any weights load."""
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.from_pretrained(reference, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -57,19 +80,34 @@ def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: 
         labels = ", ".join(str(label) for label in config.id2label.values())
         raise PluginError(Problem(key, f"{reference} is a classifier with {config.num_labels} scores ({labels}); a "
                                        f"reward model gives one; {TRAIN_ONE}."))
+
+
+def _from_adapter(found, key: str, name: str) -> LearnedReward:
+    """A LoRA reward model: its base rebuilt as ``ft merge`` rebuilds it (the run's recipe: a GGUF file, a seed),
+    the adapter and its score head folded in."""
+    if not scoring_model(found):
+        raise PluginError(Problem(key, f"{found.path} holds a LoRA adapter of a model that writes text, not of a "
+                                       f"reward model; {TRAIN_ONE}."))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(reference, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise PluginError(Problem(key, f"{reference} has no tokenizer transformers can read "
-                                       f"({first_line(str(exc))}); a reward model scores text in its own tokens, so "
-                                       "its directory needs the tokenizer it was trained with.")) from None
+        model, tokenizer = load_adapter_model(found, None, key, say=lambda _: None)
+    except InferenceError as exc:
+        raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
+    _check_padding(tokenizer, str(found.path), key)
+    return _ready(model.merge_and_unload(), tokenizer, key, name)
+
+
+def _check_padding(tokenizer, reference: str, key: str) -> None:
     if tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise PluginError(Problem(key, f"the tokenizer of {reference} has neither a pad nor an end-of-sequence token: "
                                        "TRL pads the texts it scores and reads the score before the padding; save "
                                        "the tokenizer with a pad token."))
-    model = AutoModelForSequenceClassification.from_pretrained(reference, trust_remote_code=trust_remote_code)
+
+
+def _ready(model, tokenizer, key: str, name: str) -> LearnedReward:
+    """Eval mode (no dropout in a score), no gradients, and the name TRL logs it under (the last part of the
+    config's ``_name_or_path``)."""
     model.eval().requires_grad_(False)
-    model.config._name_or_path = name  # TRL logs a reward model under the last part of this name
+    model.config._name_or_path = name
     return LearnedReward(model, tokenizer, key)
 
 
