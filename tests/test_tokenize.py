@@ -111,7 +111,8 @@ def test_works_as_a_batched_dataset_map(tiny):
     rows = Dataset.from_dict({"messages": [CHAT, CHAT[1:3]]})
     fn_kwargs = {"tokenizer": tiny, "settings": settings(BUILTIN_TEMPLATES["chatml"])}
     mapped = rows.map(tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=["messages"])
-    assert mapped.column_names == ["input_ids", "labels", "length", "ft_truncated", "ft_too_long", "ft_no_loss"]
+    assert mapped.column_names == ["input_ids", "labels", "length", "ft_truncated", "ft_too_long", "ft_no_loss",
+                                   "ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped"]
     assert mapped[1]["labels"][-3:] == [tiny.convert_tokens_to_ids("4"), tiny.eos_token_id, IGNORE_INDEX]
 
 

@@ -20,12 +20,14 @@ from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
 from . import cache
 from .formats import normalize
-from .rows import BadRows, DataError
+from .labels import IGNORE_INDEX
+from .rows import ROW, BadRows, DataError, locate
 from .sources import mix, read_source, split_off
 from .templates import TemplateError, resolve_chat_template
-from .tokenize import TokenizeSettings, tokenize_batch
+from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_batch
 
 FLAGS = ("ft_truncated", "ft_too_long", "ft_no_loss")
+WARN_SHARE = 0.01  # above this share of rows or of trained tokens cut by max_length, ft warns
 
 
 @dataclass
@@ -142,12 +144,15 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is None:
             continue
-        out[name], counts = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column)
+        out[name], counts, checks = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column)
         stats[f"{name}_rows"] = len(out[name])
         stats[f"{name}_tokens"] = _count(_column(out[name], length_column))
         stats.update({f"{name}_{key}": value for key, value in counts.items()})
         if any(counts.values()):
             say(f"data: {name}: " + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in counts.items()))
+        stats.update({f"{name}_{key}": value for key, value in checks.items() if key != "example"})
+        _say_cut(checks, settings, name, say)
+        _check_stops(checks, recipe, dataset, tokenizer, settings, name, say)
     if not len(out["train"]):
         raise DataError("data.train: no training rows are left after filtering (see the counts above); check "
                         "`data.max_length`, `data.truncation` and the bad-row report.")
@@ -163,14 +168,105 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     dropped_no_loss = _count(pc.and_(no_loss, pc.invert(too_long)))
     counts = {"rows_truncated": _count(truncated), "rows_dropped_as_too_long": _count(too_long),
               "rows_dropped_with_no_trained_tokens": dropped_no_loss}
+    checks = _cut(tokenized, counts)
+    kept = pc.invert(pc.or_(too_long, no_loss))
+    turns, stopped = (pc.filter(_column(tokenized, column), kept) for column in ("ft_turns", "ft_turns_stopped"))
+    total, ended = _count(turns), _count(stopped)
+    checks.update(turns_trained=total, turns_stopped=ended, stop_share=round(ended / total, 4) if total else None)
+    unstopped = pc.and_(kept, pc.less(_column(tokenized, "ft_turns_stopped"), _column(tokenized, "ft_turns")))
+    first = pc.index(unstopped, True).as_py()
+    checks["example"] = None if first < 0 else (first, tokenized[first]["input_ids"], tokenized[first]["labels"])
     if counts["rows_dropped_as_too_long"] or dropped_no_loss:
         tokenized = tokenized.filter(lambda t, n: [not (a or b) for a, b in zip(t, n, strict=True)],
                                      input_columns=["ft_too_long", "ft_no_loss"], batched=True,
                                      desc=f"dropping {name} rows")
-    tokenized = tokenized.remove_columns(list(FLAGS))
+    full = checks.pop("trained_tokens_full")
+    checks["trained_tokens_cut"] = full - _trained(_column(tokenized, "labels"))
+    checks["trained_tokens_cut_share"] = round(checks["trained_tokens_cut"] / full, 4) if full else 0.0
+    tokenized = tokenized.remove_columns([*FLAGS, *STATS])
     if length_column != "length":
         tokenized = tokenized.rename_column("length", length_column)
-    return tokenized, counts
+    return tokenized, counts, checks
+
+
+def _cut(tokenized, counts: dict) -> dict:
+    """What max_length costs, from the lengths before the cut: the share of rows cut or dropped, the trained tokens
+    before it (the caller subtracts what is left), and the length 99% of the rows fit in."""
+    rows = len(tokenized)
+    lengths = _column(tokenized, "ft_full_length")
+    cut_rows = counts["rows_truncated"] + counts["rows_dropped_as_too_long"]
+    return {"rows_cut_share": round(cut_rows / rows, 4) if rows else 0.0,
+            "trained_tokens_full": _count(_column(tokenized, "ft_trained_full")),
+            "length_p99": int(pc.quantile(lengths, 0.99, interpolation="higher")[0].as_py()) if rows else 0}
+
+
+def _trained(labels) -> int:
+    """Tokens with loss in an Arrow column of label lists."""
+    return _count(pc.not_equal(pc.list_flatten(labels), IGNORE_INDEX))
+
+
+def _say_cut(checks: dict, settings: TokenizeSettings, name: str, say) -> None:
+    """Above WARN_SHARE of the rows or of the trained tokens lost to max_length: say so, and the change that keeps
+    them."""
+    rows, tokens = checks["rows_cut_share"], checks["trained_tokens_cut_share"]
+    if max(rows, tokens) <= WARN_SHARE:
+        return
+    how = "cut to" if settings.truncation == "truncate" else "dropped for being longer than"
+    say(f"data: {name}: warning: {rows:.1%} of the rows are {how} data.max_length {settings.max_length}, losing "
+        f"{tokens:.1%} of the trained tokens ({checks['trained_tokens_cut']}); 99% of the rows fit in "
+        f"{checks['length_p99']} tokens: set data.max_length to at least that (ft plan shows what it costs), or "
+        f"shorten those rows.")
+
+
+def _check_stops(checks: dict, recipe: Recipe, dataset, tokenizer, settings: TokenizeSettings, name: str,
+                 say) -> None:
+    """Trained turns that do not end with the token generation stops on teach a model that never stops (an
+    end-of-turn token masked out of the labels): warned with one example, or refused under data.on_missing_stop."""
+    total, stopped = checks["turns_trained"], checks["turns_stopped"]
+    example = checks.pop("example")
+    if example is None or total == 0:
+        return
+    stop = stop_token_id(settings, tokenizer)
+    missing = total - stopped
+    share = missing / total
+    index, ids, labels = example
+    token = repr(tokenizer.convert_ids_to_tokens(stop)) if stop is not None else "(the tokenizer has no EOS)"
+    sources = recipe.data.train if name == "train" else recipe.data.eval_sources
+    place = (locate(sources[0], [dataset[index][ROW]])[dataset[index][ROW]] if len(sources) == 1
+             else f"data.{name}, row {index}")
+    message = (f"data.{name}: {missing} of {total} trained turns ({share:.1%}) do not end with the stop token "
+               f"{token}, so a model trained on them may not learn to stop; e.g. {place} "
+               f"{_turn_end(ids, labels, stop, tokenizer)}. "
+               "The token that ends an assistant turn must be inside its loss mask: set data.chat_template to a "
+               "template that writes it right after each answer (`chatml`, `llama3`, or your own); "
+               f"data.on_missing_stop: {'warn lets' if recipe.data.on_missing_stop == 'error' else 'error refuses'} "
+               "such data.")
+    if recipe.data.on_missing_stop == "error":
+        raise DataError(message)
+    say("data: warning: " + message)
+
+
+def _turn_end(ids: list[int], labels: list[int], stop: int | None, tokenizer) -> str:
+    """Where the first trained turn that does not end with ``stop`` ends: its last trained tokens, and the untrained
+    ones after them."""
+    end = None
+    for i, label in enumerate(labels):
+        last = label != IGNORE_INDEX and (i + 1 == len(labels) or labels[i + 1] == IGNORE_INDEX)
+        if last:
+            j = i
+            while j > 0 and labels[j - 1] != IGNORE_INDEX and not tokenizer.decode([ids[j]]).strip():
+                j -= 1
+            if ids[j] != stop:
+                end = i
+                break
+    if end is None:
+        return "has one"
+    start = end
+    while start > 0 and labels[start - 1] != IGNORE_INDEX and end - start < 12:
+        start -= 1
+    trained, after = tokenizer.decode(ids[start:end + 1]), tokenizer.decode(ids[end + 1:end + 6])
+    return f"has a turn whose trained tokens end {trained!r}" + (
+        f", and {after!r} after it carries no loss" if after else " at the end of the row")
 
 
 def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings) -> pa.Table:
@@ -189,7 +285,8 @@ def _features():
     from datasets import Features, Sequence, Value
 
     return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
-                     "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS}})
+                     "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS},
+                     **{column: Value("int32") for column in STATS}})
 
 
 def _column(dataset, name: str):

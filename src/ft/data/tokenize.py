@@ -36,6 +36,10 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     returned uncut) and ft_no_loss (no label != -100 left). Everything is plain Python lists; where every token
     of a row is trained on, its labels list IS its input_ids list (one object: callers may convert it once).
 
+    Counted before max_length cuts anything (the ``STATS`` columns): ft_full_length (tokens), ft_trained_full
+    (tokens with loss), ft_turns (runs of trained tokens: an assistant turn, a completion) and ft_turns_stopped
+    (those whose last trained token, whitespace after it aside, is ``stop_token_id``: the model learns to stop).
+
     Chat rows are rendered by ``settings.template`` (which writes its own BOS, if any); text rows are tokenized
     with the tokenizer's special tokens (e.g. its BOS) and end with ``eos_token_id`` (trained on).
     """
@@ -46,27 +50,72 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     if "messages" in batch:
         if settings.template is None:
             raise ValueError("chat rows need a chat template (TokenizeSettings.template is None)")
-        ids, labels = _chat_rows(batch["messages"], tokenizer, settings)
+        ids, labels, turns = _chat_rows(batch["messages"], tokenizer, settings)
     else:
-        ids, labels = _text_rows(batch["prompt"], batch["completion"], tokenizer, settings)
-    return _limit(ids, labels, settings)
+        ids, labels, turns = _text_rows(batch["prompt"], batch["completion"], tokenizer, settings)
+    return _limit(ids, labels, turns, settings)
+
+
+STATS = ("ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped")
+
+
+def stop_token_id(settings: TokenizeSettings, tokenizer) -> int | None:
+    """The token a trained turn must end with for the model to learn to stop: the last token of the chat template's
+    end-of-turn text (``<|im_end|>``, ``<|eot_id|>``), or the tokenizer's EOS for text rows and for templates that
+    write nothing after an answer."""
+    return _stop_id(end_of_turn(settings.template, tokenizer).strip() if settings.template else "", tokenizer)
+
+
+def _stop_id(eot: str, tokenizer) -> int | None:
+    ids = tokenizer(eot, add_special_tokens=False)["input_ids"] if eot else []
+    return ids[-1] if ids else tokenizer.eos_token_id
+
+
+def _turns(ids: list[int], labels: list[int], stop: int | None, blank=None) -> tuple[int, int, int]:
+    """(trained tokens, trained turns, turns ending with ``stop``) of one row; ``blank(i)`` says token i is only
+    whitespace (skipped back over at a turn's end, as a template's newline after its end-of-turn token)."""
+    if labels is ids:
+        bounds = [(0, len(ids) - 1)] if ids else []
+        trained = len(ids)
+    else:
+        bounds, start, trained = [], None, 0
+        for i, label in enumerate(labels):
+            if label != IGNORE_INDEX:
+                trained += 1
+                if start is None:
+                    start = i
+            elif start is not None:
+                bounds.append((start, i - 1))
+                start = None
+        if start is not None:
+            bounds.append((start, len(labels) - 1))
+    stopped = 0
+    for start, end in bounds:
+        while blank is not None and end > start and blank(end):
+            end -= 1
+        stopped += stop is not None and ids[end] == stop
+    return trained, len(bounds), stopped
 
 
 def _chat_rows(conversations: list, tokenizer, settings: TokenizeSettings) -> tuple[list, list]:
     render = tokenizer.apply_chat_template
     texts = [render(messages, tokenize=False, chat_template=settings.template) for messages in conversations]
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    if settings.train_on == "all":
-        return enc["input_ids"], enc["input_ids"]
     eot = end_of_turn(settings.template, tokenizer).strip()
-    labels = []
+    stop = _stop_id(eot, tokenizer)
+    labels, turns = [], []
     rows = zip(conversations, texts, enc["input_ids"], enc["offset_mapping"], strict=True)
     for messages, text, ids, offsets in rows:
-        spans = _assistant_spans(messages, text, eot)
-        if spans is None:
-            spans = _assistant_spans_by_prefix(messages, text, tokenizer, settings.template)
-        labels.append(_mask(ids, offsets, spans, text))
-    return enc["input_ids"], labels
+        if settings.train_on == "all":
+            row_labels = ids
+        else:
+            spans = _assistant_spans(messages, text, eot)
+            if spans is None:
+                spans = _assistant_spans_by_prefix(messages, text, tokenizer, settings.template)
+            row_labels = _mask(ids, offsets, spans, text)
+        labels.append(row_labels)
+        turns.append(_turns(ids, row_labels, stop, lambda i, o=offsets, t=text: t[o[i][0]:o[i][1]].isspace()))
+    return enc["input_ids"], labels, turns
 
 
 def _assistant_spans(messages: list[dict], text: str, eot: str) -> list[Span] | None:
@@ -163,7 +212,7 @@ def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: 
     enc = tokenizer(texts, return_offsets_mapping=masked)
     offsets = enc["offset_mapping"] if masked else [None] * len(texts)
     eos = tokenizer.eos_token_id
-    all_ids, all_labels = [], []
+    all_ids, all_labels, turns = [], [], []
     for prompt, text, ids, spans in zip(prompts, texts, enc["input_ids"], offsets, strict=True):
         labels = _mask(ids, spans, [(len(prompt), len(text))], text) if masked and prompt else ids
         if eos is not None:
@@ -175,14 +224,19 @@ def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: 
                     labels.append(eos)
         all_ids.append(ids)
         all_labels.append(labels)
-    return all_ids, all_labels
+        turns.append(_turns(ids, labels, eos))
+    return all_ids, all_labels, turns
 
 
-def _limit(all_ids: list, all_labels: list, settings: TokenizeSettings) -> dict[str, list]:
-    """Apply max_length / truncation and compute the length and flag columns."""
+def _limit(all_ids: list, all_labels: list, turns: list, settings: TokenizeSettings) -> dict[str, list]:
+    """Apply max_length / truncation and compute the length, flag and ``STATS`` columns."""
     out: dict[str, list] = {k: [] for k in ("input_ids", "labels", "length", "ft_truncated", "ft_too_long",
-                                             "ft_no_loss")}
-    for ids, labels in zip(all_ids, all_labels, strict=True):
+                                             "ft_no_loss", *STATS)}
+    for ids, labels, (trained, count, stopped) in zip(all_ids, all_labels, turns, strict=True):
+        out["ft_full_length"].append(len(ids))
+        out["ft_trained_full"].append(trained)
+        out["ft_turns"].append(count)
+        out["ft_turns_stopped"].append(stopped)
         too_long = len(ids) > settings.max_length
         truncated = too_long and settings.truncation == "truncate"
         if truncated:

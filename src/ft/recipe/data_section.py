@@ -78,6 +78,9 @@ class DataSection(Section):
         False, description="Refuse to train when the prepared dataset is missing or stale instead of rebuilding it.")
     on_bad_row: Literal["error", "skip"] = Field(
         "error", description="A row that does not fit its format: stop and list it, or skip it (counted per reason).")
+    on_missing_stop: Literal["warn", "error"] = Field(
+        "warn", description="Trained turns whose last trained token is not the one that ends a turn (the model would "
+        "not learn to stop): warn with the count and an example, or refuse the data (SFT).")
     eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
 
     @property
