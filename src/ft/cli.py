@@ -190,13 +190,14 @@ def _guarded(step, loaded, doing: str):
     from .model.loading import ModelLoadError
     from .outputs.checkpoints import ResumeError
     from .recipe import RecipeError
+    from .trainers.preflight import PreflightOutOfMemory
 
     try:
         return step()
     except RecipeError as exc:
         _err(str(exc))
         raise typer.Exit(EXIT_INVALID) from None
-    except (DataError, ModelLoadError, ResumeError) as exc:
+    except (DataError, ModelLoadError, ResumeError, PreflightOutOfMemory) as exc:
         _err(f"ft: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file

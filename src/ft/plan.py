@@ -763,6 +763,32 @@ def human(n: float) -> str:
     return f"{n:.0f} B"
 
 
+@dataclass(frozen=True)
+class StepFigures:
+    """What ``ft train``'s preflight check reads of the estimate: the step's peak, the optimizer state in it (not
+    allocated before the first optimizer step), and the single changes that lower the peak, as ``key: value``."""
+
+    peak: float
+    optimizer_state: float
+    lowering: tuple[str, ...]
+
+
+def step_figures(recipe: Recipe, device: str, budget: float | None = None) -> StepFigures:
+    """The estimate of ``recipe`` on ``device`` (one process), for the preflight check; raises PlanError. The smaller
+    batch suggested is the largest that fits in ``budget`` by the estimate, or half the batch without one."""
+    shape = read_shape(recipe)
+    setup = setup_for(recipe, shape, device)
+    result = estimate(shape, setup)
+    state = sum(p.size for p in result.parts if p.name.startswith("optimizer state"))
+
+    def fits(new: Setup) -> bool:
+        return budget is None or estimate(shape, new).total <= FITS_BELOW * budget
+
+    lowering = tuple(", ".join(arg.replace("=", ": ", 1) for arg in set_args(changes))
+                     for changes, _ in _candidates(setup, fits))
+    return StepFigures(result.total, state, lowering)
+
+
 def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int = 1, device: str = "cuda") -> Plan:
     """The whole of ``ft plan``: the estimate for the recipe, and changes that make it fit when it does not."""
     budget = parse_memory(gpu_memory) if gpu_memory is not None else (

@@ -82,7 +82,7 @@ class Recipe(HooksMixin):
     @property
     def train_args(self) -> dict[str, Any]:
         """The ``train:`` fields the recipe set explicitly (unset ones keep TRL's defaults)."""
-        return self.train.model_dump(exclude_unset=True)  # type: ignore[attr-defined]
+        return self.train.model_dump(exclude_unset=True, exclude=set(self.train.OWN))  # type: ignore[attr-defined]
 
     def effective(self, key: str):
         """A ``train:`` value as the trainer will see it: the recipe's, else the method's TRL default."""

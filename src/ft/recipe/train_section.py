@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import (
     AfterValidator,
@@ -132,6 +132,12 @@ class TrainSection(BaseModel):
     unset keys (bf16, use_cpu, …) still apply."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    OWN: ClassVar[frozenset[str]] = frozenset({"preflight"})  # ft's own keys: not passed to TRL (``Recipe.train_args``)
+
+    preflight: Optional[StrictBool] = Field(
+        None, description="ft's own key: before the first step, run forward and backward on the largest batch the data "
+        "makes, measure its memory and stop with exit 2 and the changes that fit if it runs out (docs/outputs.md). "
+        "Unset: on where memory can run out (a CUDA device), off on a CPU; true or false to choose.")
 
     @model_validator(mode="before")
     @classmethod

@@ -27,7 +27,7 @@ from ..recipe import LoadedRecipe, Recipe
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.resolved import resolved_recipe_yaml
-from ..trainers import distributed
+from ..trainers import distributed, preflight
 from ..trainers.build import TrainerInputs, build_trainer
 from ..trainers.hooks import Hooks, resolve_hooks
 from ..trainers.plugins import PluginError
@@ -178,9 +178,11 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     defaults = {**hardware.device_defaults(recipe, hw),
                 **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
                 **checkpoints.JIT_DEFAULT}
+    sharded = bool(defaults.get("fsdp") or defaults.get("deepspeed"))
     inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
                            hardware.optimizer_defaults(recipe, hw),
-                           adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task))
+                           adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task),
+                           preflight.settings_for(recipe, hw.cuda, sharded, say))
     trainer = build_trainer(recipe, inputs)
     if phases is not None:
         phases.update(prepare_data=round(data_ready - clock, 3), load_model=round(time.perf_counter() - data_ready, 3))
@@ -247,7 +249,7 @@ def _extra(recipe: Recipe, prepared: data.PreparedData, trainer, train_seconds: 
     stats["samples_per_second"] = round(stats["samples"] / seconds, 3) if seconds else None
     epoch = trainer.state.epoch
     extra = {"epochs": round(epoch, 4) if epoch is not None else None, "data": prepared.stats,
-             "world_size": trainer.args.world_size, **stats,
+             "world_size": trainer.args.world_size, **stats, "preflight": trainer.ft_preflight_result,
              "best": best_checkpoint(trainer.state, trainer.args),
              "headline": headline(recipe.method, trainer.state.log_history)}
     return extra if recipe.adapter is None else {**extra, "base_model": base_model(recipe)}

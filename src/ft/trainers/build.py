@@ -44,6 +44,7 @@ class TrainerInputs:
     callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
     optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.run.hardware.optimizer_defaults
     peft_config: object | None = None  # a new adapter's LoraConfig (ft.model.adapters.lora_config), for TRL to apply
+    preflight: object | None = None  # trainers.preflight.PreflightSettings, or None: no probe of the largest batch
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
@@ -70,7 +71,8 @@ def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **f
 
 
 def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
-    """The constructor arguments every ft trainer takes (TRL's, and ``FtTrainerMixin``'s ``ft_optimization``)."""
+    """The constructor arguments every ft trainer takes (TRL's, and ``FtTrainerMixin``'s ``ft_optimization`` and
+    ``ft_preflight``)."""
     return {
         "model": inputs.model,
         "args": config,
@@ -80,6 +82,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "peft_config": inputs.peft_config,
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
         "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),
+        "ft_preflight": inputs.preflight,
     }
 
 

@@ -7,6 +7,8 @@
   groups, a scheduler class (``ft.trainers.optimization``).
 - The FLOPs estimate Trainer adds up every step (``total_flos``), with the model's parameters counted once.
 - Where a stop by signal may save and end training (``ft_stop_point``, read by ``trainers.preemption``).
+- The worst batch first (``trainers.preflight``): at the first training step, a forward and backward of the largest
+  batch the data makes, measured, leaving no trace.
 
 It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``,
 ``create_optimizer``, ``create_scheduler``, ``floating_point_ops``).
@@ -27,9 +29,14 @@ class FtTrainerMixin:
     _ft_started: float | None = None
     _ft_flop_params: int | None = None  # the model's non-embedding parameters, counted at the first step
     ft_optimization = Optimization()  # what the recipe adds; set per trainer in __init__
+    ft_preflight = None  # trainers.preflight.PreflightSettings: probe the largest batch at the first step
+    ft_preflight_result: dict | None = None  # what the probe measured (summary.json ``preflight``)
+    _ft_preflight_pending = False
+    _ft_peak_floor = 0  # the process's memory peak before the probe reset the counter (bytes)
 
-    def __init__(self, *args, ft_optimization: Optimization | None = None, **kwargs):
+    def __init__(self, *args, ft_optimization: Optimization | None = None, ft_preflight=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.ft_preflight, self._ft_preflight_pending = ft_preflight, ft_preflight is not None
         self.ft_optimization = ft_optimization = ft_optimization or Optimization()
         if ft_optimization.optimizer is not None:  # only SFTTrainer's constructor takes it; every Trainer reads it
             self.optimizer_cls_and_kwargs = ft_optimization.optimizer
@@ -63,6 +70,12 @@ class FtTrainerMixin:
         return True
 
     def training_step(self, model, inputs, *args, **kwargs):
+        if self._ft_preflight_pending:  # the first step of this process: everything a step relies on is set up
+            from .preflight import run_preflight
+
+            self._ft_preflight_pending = False
+            self._ft_peak_floor = _peak_memory_bytes()
+            self.ft_preflight_result = run_preflight(self, model, super().training_step, self.ft_preflight)
         ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None  # GRPO passes raw rows
         if ids is not None:
             mask = inputs.get("attention_mask")
@@ -95,7 +108,7 @@ class FtTrainerMixin:
         stats = {"tokens": real, "tokens_per_second": round(real / seconds, 1) if seconds else None,
                  "samples": self._ft_samples,
                  "padding_efficiency": round(real / self._ft_padded, 4) if self._ft_padded else None}
-        stats["peak_memory_gb"] = _peak_memory_gb()
+        stats["peak_memory_gb"] = round(max(_peak_memory_bytes(), self._ft_peak_floor) / 2**30, 3)
         return stats
 
     def log(self, logs: dict, *args, **kwargs) -> None:
@@ -106,13 +119,13 @@ class FtTrainerMixin:
         super().log(logs, *args, **kwargs)
 
 
-def _peak_memory_gb() -> float:
+def _peak_memory_bytes() -> int:
     import torch
 
     if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        return int(torch.cuda.max_memory_allocated())
     import resource
     import sys
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return round(rss / (2**30 if sys.platform == "darwin" else 2**20), 3)
+    return rss if sys.platform == "darwin" else rss * 1024
