@@ -1,4 +1,5 @@
-"""The Hugging Face Hub as this machine sees it, for the recipes that push to it.
+"""The Hugging Face Hub as this machine sees it: for the recipes that push to it, and for every repository a recipe
+reads from it (``check_reads``).
 
 transformers and TRL push with the token huggingface_hub finds on the machine: the ``HF_TOKEN`` environment variable,
 else the login ``hf auth login`` stored. A recipe never carries one (``train.hub_token`` is refused: the recipe file
@@ -8,6 +9,9 @@ start of ``ft train``, before any model or data loads, next to ``hardware.check_
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..recipe import Problem, Recipe
 from ..recipe.errors import first_line
@@ -39,3 +43,119 @@ def check_hub(recipe: Recipe) -> list[Problem]:
                              f"HF_TOKEN environment variable, no stored login); {FIX}, or remove this key.")
                      for key in keys]
     return problems
+
+
+# --- what the recipe reads from the Hub ------------------------------------------------------------------------------
+
+TIMEOUT = 10.0  # seconds for the Hub to answer one question; huggingface_hub's own client waits forever
+LOGIN = "set HF_TOKEN or run `hf auth login` with a token that may read it"
+
+
+@dataclass(frozen=True)
+class HubRead:
+    """One repository a recipe key names: ``kind`` is the Hub's repository type (``model``, ``dataset``);
+    ``filename`` is a file the run reads from it, to find the repository in the local cache."""
+
+    key: str
+    repo_id: str
+    kind: str
+    revision: str | None = None
+    filename: str = "config.json"
+
+
+def hub_reads(recipe: Recipe) -> list[HubRead]:
+    """Every Hub repository ``ft train`` will read for ``recipe``: the model (its GGUF file), an adapter to continue,
+    the method's reference and reward models, and the data sources that are Hub datasets."""
+    from ..data.sources import source_kind
+    from ..model.loading import names_a_path
+
+    def hub(value: str | None) -> bool:
+        return bool(value) and not names_a_path(value) and not Path(value).exists()
+
+    reads = []
+    model, adapter = recipe.model, recipe.adapter
+    if hub(model.name):
+        reads.append(HubRead("model.name", model.name, "model", model.revision, model.gguf_file or "config.json"))
+    if adapter is not None and hub(getattr(adapter, "path", None)):
+        reads.append(HubRead("adapter.path", adapter.path, "model", None, "adapter_config.json"))
+    section = getattr(recipe, recipe.method, None)
+    if hub(getattr(section, "ref_model", None)):
+        reads.append(HubRead(f"{recipe.method}.ref_model", section.ref_model, "model"))
+    for i, reward in enumerate(getattr(section, "rewards", None) or []):
+        if hub(getattr(reward, "model", None)):
+            reads.append(HubRead(f"{recipe.method}.rewards.{i}.model", reward.model, "model"))
+    for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources)):
+        for i, source in enumerate(sources):
+            if source_kind(source) == "hub":
+                reads.append(HubRead(f"data.{split}.{i}.path", source.path, "dataset", source.revision, "README.md"))
+    return reads
+
+
+def check_reads(recipe: Recipe) -> list[Problem]:
+    """Whether this machine can read every repository the recipe names, asked once each and answered in seconds,
+    before anything downloads: without it, an unreachable Hub costs about a minute of huggingface_hub's retries before
+    the model fails to load, and a gated or misspelled repository fails only then. Offline (``HF_HUB_OFFLINE``), a
+    model must be in the local cache. Reachable, each repository is asked the Hub's auth-check (exists, and the token
+    here may read it: a gated one needs its terms accepted). Unreachable, the first failure ends the asking."""
+    reads = hub_reads(recipe)
+    if not reads:
+        return []
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    def cached(read: HubRead) -> bool:
+        found = try_to_load_from_cache(read.repo_id, read.filename, revision=read.revision, repo_type=read.kind)
+        return isinstance(found, str)
+
+    if constants.is_offline_mode():
+        return [Problem(read.key, f"'{read.repo_id}' is not in this machine's Hugging Face cache "
+                        f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set, so it cannot be downloaded: unset "
+                        "HF_HUB_OFFLINE on a machine that reaches the Hub, download it there first (`hf download "
+                        f"{read.repo_id}`), or give a local path.")
+                for read in reads if read.kind == "model" and not cached(read)]
+    problems, unreachable = [], None
+    for read in reads:
+        if unreachable is None:
+            answer = _ask(read)
+            if answer is None:
+                continue
+            kind, why = answer
+            if kind != "unreachable":
+                problems.append(Problem(read.key, why))
+                continue
+            unreachable = why
+        if read.kind == "model" and cached(read):
+            problems.append(Problem(read.key, f"the Hub cannot be reached from here ({unreachable}); '{read.repo_id}' "
+                                    "is in the local cache: set HF_HUB_OFFLINE=1 to train from it without asking the "
+                                    "Hub."))
+        else:
+            problems.append(Problem(read.key, f"the Hub cannot be reached from here ({unreachable}) and "
+                                    f"'{read.repo_id}' is not in the local cache: fix the network (HF_ENDPOINT is "
+                                    f"{constants.ENDPOINT}), download it on a machine that can and copy the cache "
+                                    f"({constants.HF_HUB_CACHE}), or give a local path."))
+    return problems
+
+
+def _ask(read: HubRead) -> tuple[str, str] | None:
+    """None when the repository may be read; else (``unreachable`` | ``refused``, why)."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = f"{constants.ENDPOINT}/api/{read.kind}s/{read.repo_id}/auth-check"
+    page = f"{constants.ENDPOINT}/{'datasets/' if read.kind == 'dataset' else ''}{read.repo_id}"
+    try:
+        hf_raise_for_status(get_session().get(url, headers=build_hf_headers(), timeout=TIMEOUT))
+    except GatedRepoError:
+        return "refused", (f"'{read.repo_id}' is gated and the token here may not read it: accept its terms at "
+                           f"{page} while logged in, then {LOGIN}.")
+    except RepositoryNotFoundError:
+        return "refused", (f"the Hub has no {read.kind} '{read.repo_id}' that the token here may read (a misspelled "
+                           f"id, or a private repository): check the id at {page}, or {LOGIN}.")
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "an error"
+        if isinstance(status, int) and status >= 500:
+            return "unreachable", f"it answered {status}"
+        return "refused", f"the Hub answered {status} for '{read.repo_id}' ({first_line(exc)}); {LOGIN}."
+    except Exception as exc:  # the connection: refused, no route, no name, timed out
+        return "unreachable", f"{type(exc).__name__}: {first_line(exc)}"
+    return None

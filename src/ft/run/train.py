@@ -60,7 +60,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     command = command or f"ft train {loaded.source}"
     hw = hardware.probe()
     problems = (hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
-                + loading.gguf_problems(recipe.model))
+                + hub.check_reads(recipe) + loading.gguf_problems(recipe.model))
     if problems:
         raise loaded.error(problems)
     try:

@@ -1,0 +1,159 @@
+"""Every Hub repository a recipe reads is checked before anything downloads, in seconds, against a local server
+standing in for the Hub (HF_ENDPOINT): a missing, private, gated or unreachable repository stops `ft train` with exit
+2, the recipe key and the way out, instead of a minute of huggingface_hub's retries and a traceback at load time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from conftest import ASSETS, run_ft, tiny_sft
+
+TOKEN = "hf_reader"
+ROUTES = {  # auth-check path -> (status, headers) as the Hub answers it
+    "/api/models/org/ok/auth-check": (200, {}),
+    "/api/models/org/missing/auth-check": (404, {"X-Error-Code": "RepoNotFound",
+                                                 "X-Error-Message": "Repository not found"}),
+    "/api/models/org/private/auth-check": (401, {"X-Error-Code": "RepoNotFound",
+                                                 "X-Error-Message": "Invalid username or password."}),
+    "/api/models/org/gated/auth-check": (403, {"X-Error-Code": "GatedRepo",
+                                               "X-Error-Message": "Access to model org/gated is restricted."}),
+    "/api/models/org/broken/auth-check": (503, {}),
+    "/api/datasets/org/rows/auth-check": (404, {"X-Error-Code": "RepoNotFound",
+                                                "X-Error-Message": "Repository not found"}),
+}
+
+
+class _Hub(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path.endswith("/auth-check"):  # huggingface_hub also asks the Hub other things of its own
+            self.server.asked.append((self.path, self.headers.get("Authorization")))
+        status, headers = ROUTES.get(self.path, (404, {"X-Error-Code": "RepoNotFound"}))
+        if self.path == "/api/models/org/gated/auth-check" and self.headers.get("Authorization") == f"Bearer {TOKEN}":
+            status, headers = 200, {}  # a token whose owner accepted the terms
+        body = json.dumps({"error": headers.get("X-Error-Message", "ok")}).encode()
+        self.send_response(status)
+        for name, value in {**headers, "Content-Type": "application/json", "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    server.asked = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def _closed_port() -> int:
+    """A port nothing listens on: bound, then released (connections to it are refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tmp_path, endpoint: str, **more) -> dict:
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": None,
+            "HF_TOKEN": None, "HF_HUB_ETAG_TIMEOUT": "2", **more}
+
+
+def _recipe(write_recipe, tmp_path, model: str = str(ASSETS), **data) -> str:
+    recipe = tiny_sft(tmp_path / "out", max_steps=1)
+    recipe["model"] = {"name": model, "init": "pretrained" if model != str(ASSETS) else "random"}
+    recipe["data"].update(data)
+    return str(write_recipe(recipe))
+
+
+@pytest.mark.parametrize(("repo", "said"), [
+    ("org/missing", "the Hub has no model 'org/missing' that the token here may read"),
+    ("org/private", "the Hub has no model 'org/private' that the token here may read"),
+    ("org/gated", "'org/gated' is gated and the token here may not read it: accept its terms at"),
+])
+def test_a_repository_this_machine_may_not_read_stops_the_run_before_anything_loads(write_recipe, tmp_path, hub,
+                                                                                     repo, said):
+    endpoint = f"http://127.0.0.1:{hub.server_port}"
+    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=_env(tmp_path, endpoint))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "model.name" in result.stderr and said in result.stderr and "Traceback" not in result.stderr
+    assert "Retrying" not in result.stderr and not (tmp_path / "out" / "final").exists()
+    assert hub.asked == [(f"/api/models/{repo}/auth-check", None)]  # asked once, with no token here
+
+
+def test_a_token_that_may_read_a_gated_repository_passes_and_is_sent(write_recipe, tmp_path, hub):
+    """The check itself, in a fresh process (huggingface_hub reads its settings at import): no problem with the
+    token, and the token went to the server."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from ft.run.hub import check_reads; from ft.recipe import load_recipe; "
+            "print(json.dumps([p.render() for p in check_reads(load_recipe(sys.argv[1]).recipe)]))")
+    env = {k: v for k, v in {**__import__("os").environ,
+                             **_env(tmp_path, f"http://127.0.0.1:{hub.server_port}", HF_TOKEN=TOKEN)}.items()
+           if v is not None}
+    done = subprocess.run([sys.executable, "-c", code, _recipe(write_recipe, tmp_path, "org/gated")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert hub.asked == [("/api/models/org/gated/auth-check", f"Bearer {TOKEN}")]
+
+
+def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub):
+    path = _recipe(write_recipe, tmp_path, train=[{"path": "org/rows", "format": "chat"}], eval=[])
+    result = run_ft("train", path, env=_env(tmp_path, f"http://127.0.0.1:{hub.server_port}"))
+    assert result.returncode == 2 and "data.train.0.path" in result.stderr
+    assert "the Hub has no dataset 'org/rows'" in result.stderr
+    assert hub.asked == [("/api/datasets/org/rows/auth-check", None)]
+
+
+@pytest.mark.parametrize("endpoint", ["closed", "503"])
+def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub, endpoint):
+    url = f"http://127.0.0.1:{_closed_port()}" if endpoint == "closed" else f"http://127.0.0.1:{hub.server_port}"
+    repo = "org/ok" if endpoint == "closed" else "org/broken"
+    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=_env(tmp_path, url))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "the Hub cannot be reached from here" in result.stderr and "is not in the local cache" in result.stderr
+    assert "Retrying" not in result.stderr and "Traceback" not in result.stderr
+
+
+def _cache(tmp_path, repo: str) -> None:
+    """``repo`` in the Hub cache under HF_HOME, as `hf download` leaves it: the tiny model's files in a snapshot."""
+    folder = tmp_path / "hf-home" / "hub" / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    shutil.copytree(ASSETS, folder / "snapshots" / commit)
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+
+
+def test_a_cached_model_and_no_hub_say_set_offline_and_offline_it_trains(write_recipe, tmp_path):
+    _cache(tmp_path, "org/cached")
+    path = _recipe(write_recipe, tmp_path, "org/cached")
+    down = _env(tmp_path, f"http://127.0.0.1:{_closed_port()}")
+    result = run_ft("train", path, env=down)
+    assert result.returncode == 2 and "'org/cached' is in the local cache: set HF_HUB_OFFLINE=1" in result.stderr
+    # the advice works: offline, the model loads from the cache (its weights are random-initialised: the tiny
+    # model ships no weights, so the recipe builds it from the cached config)
+    recipe = json.loads(json.dumps(tiny_sft(tmp_path / "out", max_steps=1)))
+    recipe["model"] = {"name": "org/cached", "init": "random"}
+    result = run_ft("train", str(write_recipe(recipe, name="offline.yaml")), env={**down, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_offline_a_model_missing_from_the_cache_is_named(write_recipe, tmp_path):
+    result = run_ft("train", _recipe(write_recipe, tmp_path, "org/elsewhere"),
+                    env=_env(tmp_path, "http://127.0.0.1:9", HF_HUB_OFFLINE="1"))
+    assert result.returncode == 2
+    assert "'org/elsewhere' is not in this machine's Hugging Face cache" in result.stderr
+    assert "HF_HUB_OFFLINE is set" in result.stderr and "model.name" in result.stderr
