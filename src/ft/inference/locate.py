@@ -245,6 +245,27 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
                              f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
 
 
+def load_as_trained(found: Found, tokenizer, arg: str):
+    """Base + adapter as training ran them, unmerged: the base built from the run's recipe, quantized as it says (a
+    QLoRA base in 4 or 8 bits). None without the run's recipe (a bare adapter folder records no quantization)."""
+    from ..model.adapters import fit_embeddings
+    from ..model.bnb_import import import_bitsandbytes
+    from ..model.loading import ModelLoadError, load_model
+
+    base = find_base(found, arg)
+    if base.recipe is None:
+        return None
+    import_bitsandbytes(uses_it=base.recipe.model.quantization is not None)
+    from peft import PeftModel
+
+    try:
+        model = load_model(base.recipe, seed=base.seed or 0)
+    except ModelLoadError as exc:
+        raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+    fit_embeddings(model, tokenizer)
+    return PeftModel.from_pretrained(model, str(found.path)).eval()
+
+
 # --- a model to generate with -------------------------------------------------------------------------------------
 
 def scoring_model(found: Found) -> bool:
