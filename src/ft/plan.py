@@ -771,11 +771,13 @@ class StepFigures:
     peak: float
     optimizer_state: float
     lowering: tuple[str, ...]
+    checkpoint: float = 0.0  # a checkpoint's main files: the trained weights (all of them, or the adapter's) and the
+    # optimizer state
 
 
 def step_figures(recipe: Recipe, device: str, budget: float | None = None) -> StepFigures:
-    """The estimate of ``recipe`` on ``device`` (one process), for the preflight check; raises PlanError. The smaller
-    batch suggested is the largest that fits in ``budget`` by the estimate, or half the batch without one."""
+    """The estimate of ``recipe`` on ``device`` (one process), for the preflight and disk checks; raises PlanError. The
+    smaller batch suggested is the largest that fits in ``budget`` by the estimate, or half the batch without one."""
     shape = read_shape(recipe)
     setup = setup_for(recipe, shape, device)
     result = estimate(shape, setup)
@@ -786,7 +788,8 @@ def step_figures(recipe: Recipe, device: str, budget: float | None = None) -> St
 
     lowering = tuple(", ".join(arg.replace("=", ": ", 1) for arg in set_args(changes))
                      for changes, _ in _candidates(setup, fits))
-    return StepFigures(result.total, state, lowering)
+    saved = sum(p.size for p in parameters(shape, setup) if p.trainable or setup.adapter is None)
+    return StepFigures(result.total, state, lowering, saved + state)
 
 
 def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int = 1, device: str = "cuda") -> Plan:

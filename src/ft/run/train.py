@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import data
 from ..inference import exact_match
 from ..model import adapters, bnb_import, loading
-from ..outputs import checkpoints
+from ..outputs import checkpoints, disk
 from ..outputs.plots import write_plots
 from ..outputs.summary import (
     PHASES,
@@ -102,6 +102,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
         facts["exact_match_before"] = baseline
+    watchdog = _disk_guard(recipe, trainer, output_dir, hw, command, say)
     at_step_end = trainer.args.enable_jit_checkpoint  # ft takes the stop itself: trainers.preemption says why
     together = ranks.world_size() > 1
     wait = 0 if together else signals.jit_kill_wait()
@@ -116,6 +117,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         seconds = time.perf_counter() - started
         phases["train"] = round(seconds, 3)
         state = trainer.state
+        if watchdog is not None and watchdog.refused:
+            raise disk.DiskFull(watchdog.refused)
 
         if signals.stopped_early(state.global_step, state.max_steps, watch.received):
             saved = checkpoints.complete_checkpoints(output_dir)
@@ -149,9 +152,13 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
         return RunResult("completed", output_dir, summary)
     except Exception as exc:  # summary.json says so, then ft train prints its one paragraph and exits 1
+        saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
+        full = disk.explain(exc, output_dir, command, final=saving) if main else None  # removes what was half-written
         if main:
             seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - started
             _write_failure(exc, output_dir, recipe, prepared, trainer, seconds, facts, wall_started, say)
+        if full is not None:
+            raise full from None
         raise
 
 
@@ -187,6 +194,25 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     if phases is not None:
         phases.update(prepare_data=round(data_ready - clock, 3), load_model=round(time.perf_counter() - data_ready, 3))
     return trainer, prepared
+
+
+def _disk_guard(recipe: Recipe, trainer, output_dir: Path, hw, command: str, say: Callable[[str], None]):
+    """A run that saves checkpoints: a warning now if the disk will not hold those it keeps, and a callback that
+    stops cleanly before a save that would not fit (``outputs.disk``). None when the run saves no checkpoint."""
+    from ..plan import PlanError, step_figures
+
+    if trainer.args.save_strategy == "no":
+        return None
+    try:
+        size = step_figures(recipe, "cuda" if hw.cuda else "cpu").checkpoint
+    except PlanError:
+        size = 0.0
+    warning = disk.start_warning(output_dir, size, trainer.args.save_total_limit)
+    if warning:
+        say(warning)
+    watchdog = disk.guard(output_dir, size, command)
+    trainer.add_callback(watchdog)
+    return watchdog
 
 
 def _evaluated_at_last_step(trainer) -> dict | None:

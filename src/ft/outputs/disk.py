@@ -1,0 +1,130 @@
+"""The disk under the output directory: foreseen before each save, and named when it fills anyway.
+
+A checkpoint written onto a full disk fails half way ("[enforce fail at inline_container.cc] unexpected pos …" from
+torch's writer, or ``OSError: [Errno 28] No space left on device``), leaves a half-written folder, and summary.json
+cannot be written either. ``DiskGuard`` compares the free space with the size of the newest complete checkpoint
+before each save (before the first, with ``ft plan``'s figure: trained weights plus optimizer state) and stops
+training cleanly at that step end instead of saving, leaving the last complete checkpoint to resume from.
+``explain`` turns a failure that is a full disk into a ``DiskFull`` message: the device, the bytes free, the
+checkpoint being written (removed: it cannot be resumed from, and it holds the space), the last complete one, and the
+command that resumes.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import shutil
+from pathlib import Path
+
+from .checkpoints import complete_checkpoints
+
+MARGIN = 1.2  # free space wanted per checkpoint: its size and a fifth more (trainer state, RNG files, a grown state)
+_FULL = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|file write failed|Disk quota exceeded", re.I)
+
+
+class DiskFull(Exception):
+    """The output directory's disk is full, or too full for the next checkpoint (exit code 1). The message is for the
+    user."""
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem holding ``path`` (its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def size_of(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def human(n: float) -> str:
+    from ..plan import human as plan_human
+
+    return plan_human(n)
+
+
+def start_warning(output_dir: Path, checkpoint_bytes: float, kept: int | None) -> str | None:
+    """A warning when the free space will not hold the checkpoints the run keeps (one more while the next is written
+    and the oldest not yet removed), by ``ft plan``'s size of one; None when it will."""
+    if checkpoint_bytes <= 0:
+        return None
+    free = free_bytes(output_dir)
+    count = (kept + 1) if kept else None
+    need = checkpoint_bytes * MARGIN * (count or 2)
+    if free >= need:
+        return None
+    keeping = f"keeps {kept} (and writes the next before removing the oldest)" if kept else \
+        "keeps every checkpoint (train.save_total_limit is unset)"
+    return (f"ft: warning: {human(free)} free on the disk of {output_dir}; a checkpoint is about "
+            f"{human(checkpoint_bytes)} (ft plan: trained weights and optimizer state) and the run {keeping}, so the "
+            "disk may fill before the run ends. ft stops cleanly before a save that would not fit; to avoid that, free "
+            "space, set train.output_dir on a larger disk, or lower train.save_total_limit.")
+
+
+def explain(exc: BaseException, output_dir: Path, command: str, final: bool = False) -> DiskFull | None:
+    """A ``DiskFull`` for a failure that is a full disk (anywhere in the exception's chain), else None. What was being
+    written is removed (a half-written checkpoint cannot be resumed from, and it holds the space a resume needs):
+    ``final/`` when ``final`` (training had ended), else the checkpoint folders that are not complete."""
+    seen, current = [], exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    if not any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or _FULL.search(str(e))
+               for e in seen):
+        return None
+    complete = complete_checkpoints(output_dir)
+    partial = [output_dir / "final"] if final else [
+        p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p not in complete]
+    for folder in partial:
+        shutil.rmtree(folder, ignore_errors=True)
+    writing = ", ".join(p.name + "/" for p in partial) or "a file of the run"
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return DiskFull(
+        f"the disk holding {output_dir} is full: writing {writing} failed ({type(exc).__name__}: {first}); "
+        f"{human(free_bytes(output_dir))} free after removing what was half-written. " + _resume(complete, command))
+
+
+def _resume(complete: list[Path], command: str) -> str:
+    if complete:
+        return (f"The last complete checkpoint is {complete[-1].name}. Free space on that disk, then run the same "
+                f"command, which resumes from it: {command}")
+    return f"No checkpoint is complete. Free space on that disk (or set train.output_dir on a larger one), then run: " \
+        f"{command}"
+
+
+class DiskGuard:
+    """A TrainerCallback (the class is made by ``guard``, importing transformers only in ``ft train``): before each
+    save, the free space against the newest complete checkpoint's size (or ``first_bytes`` before the first); when
+    it falls short, the save is skipped and training stops at this step end, and ``refused`` says why."""
+
+    def __init__(self, output_dir: Path, first_bytes: float, command: str):
+        self.output_dir, self.first_bytes, self.command = output_dir, first_bytes, command
+        self.refused: str | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Every process asks (they share the output directory's disk), so all of them stop at the same step end."""
+        if not control.should_save:
+            return control
+        complete = complete_checkpoints(self.output_dir)
+        size = size_of(complete[-1]) if complete else self.first_bytes
+        free = free_bytes(self.output_dir)
+        if size and free < size * MARGIN:
+            control.should_save, control.should_training_stop = False, True
+            basis = f"the size of {complete[-1].name}" if complete else "ft plan's size of one"
+            self.refused = (f"stopped at step {state.global_step} before saving checkpoint-{state.global_step}: the "
+                            f"disk holding {self.output_dir} has {human(free)} free and a checkpoint needs about "
+                            f"{human(size * MARGIN)} ({basis}, and a fifth more), so it would be written half way. "
+                            + _resume(complete, self.command))
+        return control
+
+
+def guard(output_dir: Path, first_bytes: float, command: str):
+    """A ``DiskGuard`` that is a transformers TrainerCallback."""
+    from transformers import TrainerCallback
+
+    class _Guard(DiskGuard, TrainerCallback):
+        pass
+
+    return _Guard(output_dir, first_bytes, command)

@@ -1,0 +1,113 @@
+"""A full disk under the output directory, on a real small filesystem: a tmpfs of a few MB mounted in a private mount
+namespace (`unshare -m`, so nothing outside the test sees it, and it goes when the test's shell ends). ft stops
+cleanly before a checkpoint that would not fit, and names a write that failed anyway (here final/, filled by a
+callback as training ends); after space is freed the same command resumes and completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+QUICK = ("--set train.max_steps=40 --set train.save_steps=10 --set train.save_total_limit=1 "
+         "--set train.eval_strategy=\"'no'\" --set train.eval_on_start=false --set data.eval_exact_match=null "
+         "--set train.report_to=none")
+
+
+def _can_mount(tmp_path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {probe}"],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def _in_small_disk(tmp_path, script: str, megabytes: int = 6) -> None:
+    """Run ``script`` (sh) in a private mount namespace with a tmpfs of ``megabytes`` at $MNT; $OUT is outside it."""
+    if not _can_mount(tmp_path):
+        pytest.skip("this machine cannot mount a tmpfs in a private mount namespace (needs root or user namespaces)")
+    mnt, out = tmp_path / "mnt", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    env = {**os.environ, "MNT": str(mnt), "OUT": str(out), "PY": sys.executable, "TQDM_DISABLE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={megabytes}m tmpfs $MNT && {script}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _read(tmp_path, name: str) -> str:
+    return (tmp_path / "out" / name).read_text()
+
+
+def test_a_checkpoint_that_would_not_fit_stops_the_run_cleanly_and_it_resumes_once_space_is_freed(tmp_path):
+    """6 MB, 2.5 of them taken: checkpoint-10 (1.9 MB) fits, checkpoint-20 would not (1.7 MB free)."""
+    command = f"$PY -m ft train recipes/quickstart.yaml --set train.output_dir=$MNT/run {QUICK}"
+    _in_small_disk(tmp_path, f"""
+        head -c 2500000 /dev/zero > $MNT/ballast
+        {command} > $OUT/first.log 2>&1; echo $? > $OUT/first.rc
+        ls $MNT/run > $OUT/first.ls; cp $MNT/run/summary.json $OUT/first.json
+        rm $MNT/ballast
+        {command} > $OUT/second.log 2>&1; echo $? > $OUT/second.rc
+        ls $MNT/run > $OUT/second.ls; cp $MNT/run/summary.json $OUT/second.json""")
+    first = _read(tmp_path, "first.log")
+    assert _read(tmp_path, "first.rc").strip() == "1", first[-3000:]
+    assert "ft: warning: " in first and "free on the disk of" in first  # foreseen at the start
+    assert "stopped at step 20 before saving checkpoint-20" in first and "The last complete checkpoint is " \
+        "checkpoint-10" in first and "Traceback" not in first
+    assert "checkpoint-10" in _read(tmp_path, "first.ls").split() and "checkpoint-20" not in _read(tmp_path, "first.ls")
+    assert json.loads(_read(tmp_path, "first.json"))["status"] == "failed"
+    second = _read(tmp_path, "second.log")
+    assert _read(tmp_path, "second.rc").strip() == "0", second[-3000:]
+    summary = json.loads(_read(tmp_path, "second.json"))
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith("checkpoint-10")
+    assert {"final", "checkpoint-40"} <= set(_read(tmp_path, "second.ls").split())
+
+
+FILL = '''
+import os
+from transformers import TrainerCallback
+
+
+class FillDisk(TrainerCallback):
+    """Fills the output directory's disk as training ends, before ft writes final/."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if os.environ.get("FILL") != "1":
+            return
+        with open(os.path.join(os.environ["MNT"], "filler"), "wb") as f:
+            try:
+                while True:
+                    f.write(b"\\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+'''
+
+
+def test_a_write_the_disk_cannot_hold_is_named_with_the_checkpoint_to_resume_from(tmp_path):
+    (tmp_path / "filldisk.py").write_text(FILL)
+    recipe = (ROOT / "recipes" / "quickstart.yaml").read_text().replace("../", f"{ROOT}/")
+    (tmp_path / "recipe.yaml").write_text(recipe + "\ncallbacks: [{cls: 'filldisk:FillDisk'}]\n")
+    command = f"$PY -m ft train {tmp_path / 'recipe.yaml'} --set train.output_dir=$MNT/run {QUICK}"
+    _in_small_disk(tmp_path, f"""
+        FILL=1 {command} > $OUT/first.log 2>&1; echo $? > $OUT/first.rc
+        ls $MNT/run > $OUT/first.ls
+        rm $MNT/filler
+        {command} > $OUT/second.log 2>&1; echo $? > $OUT/second.rc
+        ls $MNT/run > $OUT/second.ls""", megabytes=12)
+    first = _read(tmp_path, "first.log")
+    assert _read(tmp_path, "first.rc").strip() == "1", first[-3000:]
+    assert "is full: writing final/ failed" in first and "The last complete checkpoint is checkpoint-40" in first
+    assert "Traceback" not in first and "not a recipe error" not in first
+    assert "final" not in _read(tmp_path, "first.ls").split()  # the half-written final/ is gone
+    second = _read(tmp_path, "second.log")
+    assert _read(tmp_path, "second.rc").strip() == "0", second[-3000:]
+    assert "final" in _read(tmp_path, "second.ls").split()
