@@ -42,7 +42,7 @@ def test_training_after_the_probe_is_bit_identical_to_training_without_it(write_
         assert result.returncode == 0, result.stderr[-3000:]
         runs[preflight] = (out, result.stdout + result.stderr)
     (probed, said), (plain, quiet) = runs[True], runs[False]
-    assert "preflight: the largest batch (input_ids 8 × " in said and "preflight:" not in quiet
+    assert "preflight: memory: the largest batch (input_ids 8 × " in said and "preflight: memory" not in quiet
     assert _history(probed) == _history(plain)  # losses, grad norms, token counts, entropy, accuracy: all equal
     assert_same_final_weights(probed, plain)
     summary = json.loads((probed / "summary.json").read_text())
@@ -53,7 +53,7 @@ def test_training_after_the_probe_is_bit_identical_to_training_without_it(write_
 def test_unset_it_is_off_on_a_cpu(write_recipe, tmp_path):
     out = tmp_path / "out"
     result = run_ft("train", str(write_recipe(tiny_sft(out, max_steps=1))))
-    assert result.returncode == 0 and "preflight:" not in result.stdout + result.stderr
+    assert result.returncode == 0 and "preflight: memory" not in result.stdout + result.stderr
     assert json.loads((out / "summary.json").read_text())["preflight"] is None
 
 
@@ -129,7 +129,7 @@ def test_a_batch_that_does_not_fit_stops_before_any_step_with_the_changes_that_f
     result = subprocess.run(env_python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     said = result.stdout + result.stderr
     assert result.returncode == 2, said[-3000:]
-    assert "preflight: the largest batch the data makes (input_ids 16 × 1024, per device) ran out of memory" in said
+    assert "preflight: memory: the largest batch the data makes (input_ids 16 × 1024, per device) ran out of memory" in said
     assert "train.per_device_train_batch_size: 8, train.gradient_accumulation_steps: 2" in said
     assert "train.gradient_checkpointing: true" in said and "Traceback" not in said
     assert not any(out.glob("checkpoint-*")) and not (out / "final").exists()

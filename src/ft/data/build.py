@@ -151,8 +151,13 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
         if any(counts.values()):
             say(f"data: {name}: " + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in counts.items()))
         stats.update({f"{name}_{key}": value for key, value in checks.items() if key != "example"})
-        _say_cut(checks, settings, name, say)
-        _check_stops(checks, recipe, dataset, tokenizer, settings, name, say)
+        warned = _say_cut(checks, settings, name, say)
+        warned = _check_stops(checks, recipe, dataset, tokenizer, settings, name, say) or warned
+        if name == "train" and not warned and checks["turns_trained"]:  # the preflight's data line: what was checked, when all is well
+            token = tokenizer.convert_ids_to_tokens(stop_token_id(settings, tokenizer))
+            say(f"preflight: data: all {checks['turns_trained']} trained turns end with {token!r}; data.max_length "
+                f"{settings.max_length} cuts {checks['rows_cut_share']:.1%} of the rows and "
+                f"{checks['trained_tokens_cut_share']:.1%} of the trained tokens")
     if not len(out["train"]):
         raise DataError("data.train: no training rows are left after filtering (see the counts above); check "
                         "`data.max_length`, `data.truncation` and the bad-row report.")
@@ -205,27 +210,28 @@ def _trained(labels) -> int:
     return _count(pc.not_equal(pc.list_flatten(labels), IGNORE_INDEX))
 
 
-def _say_cut(checks: dict, settings: TokenizeSettings, name: str, say) -> None:
+def _say_cut(checks: dict, settings: TokenizeSettings, name: str, say) -> bool:
     """Above WARN_SHARE of the rows or of the trained tokens lost to max_length: say so, and the change that keeps
-    them."""
+    them (True when it did)."""
     rows, tokens = checks["rows_cut_share"], checks["trained_tokens_cut_share"]
     if max(rows, tokens) <= WARN_SHARE:
-        return
+        return False
     how = "cut to" if settings.truncation == "truncate" else "dropped for being longer than"
     say(f"data: {name}: warning: {rows:.1%} of the rows are {how} data.max_length {settings.max_length}, losing "
         f"{tokens:.1%} of the trained tokens ({checks['trained_tokens_cut']}); 99% of the rows fit in "
         f"{checks['length_p99']} tokens: set data.max_length to at least that (ft plan shows what it costs), or "
         f"shorten those rows.")
+    return True
 
 
 def _check_stops(checks: dict, recipe: Recipe, dataset, tokenizer, settings: TokenizeSettings, name: str,
-                 say) -> None:
+                 say) -> bool:
     """Trained turns that do not end with the token generation stops on teach a model that never stops (an
     end-of-turn token masked out of the labels): warned with one example, or refused under data.on_missing_stop."""
     total, stopped = checks["turns_trained"], checks["turns_stopped"]
     example = checks.pop("example")
     if example is None or total == 0:
-        return
+        return False
     stop = stop_token_id(settings, tokenizer)
     missing = total - stopped
     share = missing / total
@@ -244,6 +250,7 @@ def _check_stops(checks: dict, recipe: Recipe, dataset, tokenizer, settings: Tok
     if recipe.data.on_missing_stop == "error":
         raise DataError(message)
     say("data: warning: " + message)
+    return True
 
 
 def _turn_end(ids: list[int], labels: list[int], stop: int | None, tokenizer) -> str:

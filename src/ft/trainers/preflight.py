@@ -50,10 +50,10 @@ def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) 
     if wanted is False or (wanted is None and not cuda):
         return None
     if METHODS[recipe.method].generates:
-        say(f"preflight: not run for {recipe.method}: its batches are sampled while training (not probed yet)")
+        say(f"preflight: memory: not run for {recipe.method}: its batches are sampled while training (not probed yet)")
         return None
     if sharded:
-        say("preflight: not run under FSDP or DeepSpeed (not probed yet); `ft plan` estimates the memory")
+        say("preflight: memory: not run under FSDP or DeepSpeed (not probed yet); `ft plan` estimates the memory")
         return None
     device = None
     if cuda:
@@ -108,7 +108,7 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     batch_size = trainer.args.per_device_train_batch_size
     chosen = longest_rows(dataset, batch_size)
     if chosen is None:
-        settings.say("preflight: skipped (the training rows are not tokenized where ft can read their lengths)")
+        settings.say("preflight: memory: skipped (the training rows are not tokenized where ft can read their lengths)")
         return None
     batch = trainer.data_collator([dataset[i] for i in chosen])
     shape = _shape(batch)
@@ -135,7 +135,7 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     result = {"batch": shape, "peak_bytes": peak, "seconds": round(seconds, 3), "measured": meter.source,
               "optimizer_state_bytes": round(settings.optimizer_state_bytes),
               "estimate_bytes": round(settings.estimate_bytes) if settings.estimate_bytes is not None else None}
-    line = f"preflight: the largest batch ({_describe(shape)}) went forward and backward in {seconds:.2f} s"
+    line = f"preflight: memory: the largest batch ({_describe(shape)}) went forward and backward in {seconds:.2f} s"
     if meter.cuda:  # the allocator's peak holds the weights too: comparable with ft plan's figure for the step
         step_peak = peak + settings.optimizer_state_bytes
         line += f", peak {_human(peak)}; with the optimizer state, a step needs about {_human(step_peak)}"
@@ -180,7 +180,7 @@ def _no_fit(shape: dict, exc: RuntimeError, settings: PreflightSettings) -> str:
     if settings.device_bytes:
         need += f"{',' if need else ''} the GPU has {_human(settings.device_bytes)}"
     fixes = "; ".join([*settings.fixes, "a shorter data.max_length"])
-    return (f"preflight: the largest batch the data makes ({_describe(shape)}, per device) ran out of memory in "
+    return (f"preflight: memory: the largest batch the data makes ({_describe(shape)}, per device) ran out of memory in "
             f"forward and backward before the first step ({first}).{need and need + '.'} Changes that lower the "
             f"peak: {fixes}. Nothing was trained and no checkpoint was written; `train.preflight: false` skips this "
             "check (the same batch would fail when it comes up in training).")
