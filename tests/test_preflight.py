@@ -15,7 +15,7 @@ import pytest
 from conftest import ASSETS, DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
 from test_preference import preference_recipe
 
-TIMING = {"tokens_per_second", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+TIMING = {"tokens_per_second", "step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second",
           "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "peak_memory_gb"}
 
 
@@ -129,7 +129,8 @@ def test_a_batch_that_does_not_fit_stops_before_any_step_with_the_changes_that_f
     result = subprocess.run(env_python, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     said = result.stdout + result.stderr
     assert result.returncode == 2, said[-3000:]
-    assert "preflight: memory: the largest batch the data makes (input_ids 16 × 1024, per device) ran out of memory" in said
+    assert ("preflight: memory: the largest batch the data makes (input_ids 16 × 1024, per device) ran out of "
+            "memory") in said
     assert "train.per_device_train_batch_size: 8, train.gradient_accumulation_steps: 2" in said
     assert "train.gradient_checkpointing: true" in said and "Traceback" not in said
     assert not any(out.glob("checkpoint-*")) and not (out / "final").exists()
@@ -140,3 +141,25 @@ def test_a_batch_that_does_not_fit_stops_before_any_step_with_the_changes_that_f
 def test_train_preflight_takes_only_true_or_false(write_recipe, tmp_path, value):
     result = run_ft("validate", str(write_recipe(tiny_sft(tmp_path / "out", preflight=value))))
     assert result.returncode == 2 and "train.preflight" in result.stderr
+
+
+def test_grpo_probes_the_longest_prompts_with_full_completions_and_stays_bit_identical(write_recipe, tmp_path):
+    """GRPO samples its batches: the probe puts the longest prompts, each followed by max_completion_length tokens,
+    forward and backward through the policy; the sampling after it (torch's RNG) is the run's own."""
+    from test_grpo import tiny_grpo
+
+    runs = {}
+    for preflight in (True, False):
+        out = tmp_path / ("probed" if preflight else "plain")
+        # a reward the random model's answers spread over (their lengths), so every step trains
+        recipe = tiny_grpo(out, [{"name": "length_penalty", "args": {"target": 3}}], max_steps=3, preflight=preflight)
+        result = run_ft("train", str(write_recipe(recipe, name=f"{preflight}.yaml")))
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[preflight] = out
+    probe = json.loads((runs[True] / "summary.json").read_text())["preflight"]
+    (sequences, length), = probe["batch"]["tensors"].values()
+    assert sequences == 16 and length > 8  # 16 completions a step; prompt + the 8 completion tokens
+    history = _history(runs[True])
+    assert history == _history(runs[False])  # the same samples, rewards, losses
+    assert all(row["grad_norm"] > 0 for row in history if "grad_norm" in row)  # it trained: equal weights tell
+    assert_same_final_weights(runs[True], runs[False])

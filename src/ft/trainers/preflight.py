@@ -11,7 +11,8 @@ the first optimizer step); ``ft plan``'s figure for it is added to the measured 
 The largest batch is the per-device batch size of the longest rows, as the trainer's collator pads them: for
 tokenized rows the length of ``input_ids``; for preference rows (TRL's ``prompt_ids``, ``chosen_ids``,
 ``rejected_ids``) the prompt plus the longer of the answers (chosen and rejected go through the model together).
-Methods that generate (GRPO, RLOO) are not probed yet: their batch is made by sampling.
+For the methods that sample their batches (GRPO, RLOO), the longest prompts followed by ``max_completion_length``
+tokens go forward and backward through the policy alone (``_generated_batch``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class PreflightSettings:
     optimizer_state_bytes: float = 0.0  # ft plan's optimizer state, allocated at the first optimizer step
     device_bytes: int | None = None  # the accelerator's memory (None on a CPU)
     fixes: tuple[str, ...] = field(default_factory=tuple)  # the recipe changes that lower the peak, most useful first
+    completion_length: int | None = None  # a method that generates: the completion tokens its loss runs on
 
 
 def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) -> PreflightSettings | None:
@@ -49,9 +51,7 @@ def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) 
     wanted = recipe.train.preflight
     if wanted is False or (wanted is None and not cuda):
         return None
-    if METHODS[recipe.method].generates:
-        say(f"preflight: memory: not run for {recipe.method}: its batches are sampled while training (not probed yet)")
-        return None
+    completion = getattr(recipe, recipe.method).max_completion_length if METHODS[recipe.method].generates else None
     if sharded:
         say("preflight: memory: not run under FSDP or DeepSpeed (not probed yet); `ft plan` estimates the memory")
         return None
@@ -65,8 +65,8 @@ def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) 
     except PlanError:
         figures = None
     if figures is None:
-        return PreflightSettings(say, device_bytes=device)
-    return PreflightSettings(say, figures.peak, figures.optimizer_state, device, figures.lowering)
+        return PreflightSettings(say, device_bytes=device, completion_length=completion)
+    return PreflightSettings(say, figures.peak, figures.optimizer_state, device, figures.lowering, completion)
 
 
 NOT_TOKENS = frozenset({"position_ids", "token_type_ids", "seq_ids"})  # per-token columns that are not the tokens
@@ -102,15 +102,18 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     result goes into summary.json's ``preflight``. Raises PreflightOutOfMemory when it does not fit."""
     import torch
 
-    dataset = trainer.train_dataset
-    if getattr(trainer.args, "remove_unused_columns", False) and hasattr(trainer, "_remove_unused_columns"):
-        dataset = trainer._remove_unused_columns(dataset, description="training")
-    batch_size = trainer.args.per_device_train_batch_size
-    chosen = longest_rows(dataset, batch_size)
-    if chosen is None:
+    if settings.completion_length is not None:
+        batch = _generated_batch(trainer, settings.completion_length)
+        step = _policy_step(trainer)
+    else:
+        dataset = trainer.train_dataset
+        if getattr(trainer.args, "remove_unused_columns", False) and hasattr(trainer, "_remove_unused_columns"):
+            dataset = trainer._remove_unused_columns(dataset, description="training")
+        chosen = longest_rows(dataset, trainer.args.per_device_train_batch_size)
+        batch = trainer.data_collator([dataset[i] for i in chosen]) if chosen is not None else None
+    if batch is None:
         settings.say("preflight: memory: skipped (the training rows are not tokenized where ft can read their lengths)")
         return None
-    batch = trainer.data_collator([dataset[i] for i in chosen])
     shape = _shape(batch)
     cuda = torch.cuda.is_available() and next(model.parameters()).is_cuda
     kept = (_rng_states(cuda), copy.deepcopy(getattr(trainer, "_metrics", None)),
@@ -152,6 +155,60 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     return result
 
 
+def _generated_batch(trainer, completion_length: int) -> dict | None:
+    """For a method that samples its batches (GRPO, RLOO): the longest prompts at the per-device batch size (its
+    completions per step), each followed by ``completion_length`` tokens with loss on them: the shape the policy's
+    loss runs forward and backward on at the longest. The prompts are rendered as the trainer renders them (their
+    chat template); ranked by characters first, so only a few are tokenized."""
+    import torch
+
+    dataset, tokenizer = trainer.train_dataset, trainer.processing_class
+    count = trainer.args.per_device_train_batch_size
+    try:
+        prompts = dataset["prompt"]
+    except (KeyError, TypeError):
+        return None
+
+    def text(prompt) -> str:
+        if isinstance(prompt, list):
+            return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return prompt
+
+    by_chars = sorted(range(len(prompts)), key=lambda i: -len(str(prompts[i])))[:4 * count]
+    encoded = {i: tokenizer(text(prompts[i]), add_special_tokens=not isinstance(prompts[i], list))["input_ids"]
+               for i in by_chars}
+    longest = sorted(encoded, key=lambda i: -len(encoded[i]))[:count]
+    rows = [encoded[longest[k % len(longest)]] for k in range(count)]  # fewer prompts than a batch: repeated
+    width = max(len(row) for row in rows) + completion_length
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    filler = torch.randint(0, len(tokenizer), (count, completion_length), generator=torch.Generator().manual_seed(0))
+    ids = torch.full((count, width), pad)
+    mask = torch.zeros((count, width), dtype=torch.long)
+    labels = torch.full((count, width), -100)
+    for k, row in enumerate(rows):  # left-padded prompts, as TRL generates from them
+        start = width - completion_length - len(row)
+        ids[k, start:width - completion_length] = torch.tensor(row)
+        ids[k, width - completion_length:] = filler[k]
+        mask[k, start:] = 1
+        labels[k, width - completion_length:] = filler[k]
+    device = trainer.args.device
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def _policy_step(trainer):
+    """Forward and backward of the policy alone, under the trainer's autocast: GRPO's and RLOO's own step needs the
+    rewards and advantages of a generation, which the probe does not run (the reference model's and the reward
+    models' passes are without gradients and smaller)."""
+
+    def step(model, batch):
+        with trainer.compute_loss_context_manager():
+            loss = model(**batch, use_cache=False).loss
+        trainer.accelerator.backward(loss)
+        return loss.detach()
+
+    return step
+
+
 def _shape(batch) -> dict:
     """The batch's sequences and padded length, per tensor of token ids."""
     shapes = {name: list(value.shape) for name, value in batch.items()
@@ -180,8 +237,8 @@ def _no_fit(shape: dict, exc: RuntimeError, settings: PreflightSettings) -> str:
     if settings.device_bytes:
         need += f"{',' if need else ''} the GPU has {_human(settings.device_bytes)}"
     fixes = "; ".join([*settings.fixes, "a shorter data.max_length"])
-    return (f"preflight: memory: the largest batch the data makes ({_describe(shape)}, per device) ran out of memory in "
-            f"forward and backward before the first step ({first}).{need and need + '.'} Changes that lower the "
+    return (f"preflight: memory: the largest batch the data makes ({_describe(shape)}, per device) ran out of memory "
+            f"in forward and backward before the first step ({first}).{need and need + '.'} Changes that lower the "
             f"peak: {fixes}. Nothing was trained and no checkpoint was written; `train.preflight: false` skips this "
             "check (the same batch would fail when it comes up in training).")
 
