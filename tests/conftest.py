@@ -148,12 +148,13 @@ def full_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def lora_run(tmp_path_factory, full_run) -> Path:
-    """A LoRA adapter on the full run's weights, with a learning rate high enough that it changes the logits (5e-2
-    collapses the answers to an immediate end of turn)."""
+    """A LoRA adapter on the full run's weights, trained until it changes the greedy answers (3 steps of q/v LoRA
+    changed the logits but not one answer, so a generate that ignored the adapter passed; 40 left the loss flat);
+    5e-2 collapses the answers to an immediate end of turn."""
     folder = tmp_path_factory.mktemp("lora")
-    recipe = tiny_sft(folder / "run", max_steps=3)
-    recipe.update(model={"name": str(full_run / "final"), "init": "pretrained"}, adapter=LORA,
-                  optimizer={"lr": 1.0e-2})
+    recipe = tiny_sft(folder / "run", max_steps=60)
+    recipe.update(model={"name": str(full_run / "final"), "init": "pretrained"},
+                  adapter={**LORA, "target_modules": "all-linear"}, optimizer={"lr": 1.0e-2})
     return train_run(folder, recipe)
 
 

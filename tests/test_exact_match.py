@@ -78,7 +78,9 @@ def test_exact_match_counts_the_greedy_answers_that_equal_the_expected_ones():
     assert tokenizer.padding_side == "right"  # put back as it was
     cut = exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=1, batch_size=4)
     assert cut["ended_turn"] == 0.0  # a one-token budget cuts every answer before its end-of-sequence token
-    assert report_line(result) == "ft: exact match on 6 held-out prompts: 0.50 (e.g. 'What is 2 + 3?' → '5')"
+    assert report_line(result) == "ft: exact match on 6 held-out prompts: 0.5 (3 right) (e.g. 'What is 2 + 3?' → '5')"
+    # one figure everywhere: 197 of 200 is 0.985 on the console as in summary.json (it once printed 0.98)
+    assert ": 0.985 (197 right)" in report_line({**result, "exact_match": round(197 / 200, 4), "n": 200})
 
 
 def test_held_out_rows_by_format(write_recipe, tmp_path):
@@ -128,7 +130,8 @@ def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe
     before = summary["exact_match_before"]  # a random model: no sum right, and none ends its answer in 8 tokens
     assert before["n"] == 20 and before["exact_match"] == 0.0 and "ended_turn" in before
     lines = [line for line in result.stderr.splitlines() if line.startswith("ft: exact match on 20")]
-    assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0.00") and len(lines) == 2
+    assert len(lines) == 2
+    assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0 (0 right)")
     answers = [json.loads(line) for line in (tmp_path / "out" / "exact_match.jsonl").read_text().splitlines()]
     assert len(answers) == 20 and {"prompt", "expected", "before", "after"} == set(answers[0])
     report = run_ft("report", str(tmp_path / "out"))

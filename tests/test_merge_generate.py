@@ -98,15 +98,36 @@ def test_merge_in_another_dtype(random_lora_run, tmp_path):
     assert {tensor.dtype for tensor in tensors.values()} == {torch.bfloat16}
 
 
-def test_generate_adapter_run_and_its_merge_write_the_same_greedy_text(lora_run, lora_merged):
-    """The adapter run through `ft generate` (base + adapter through PEFT), the merged folder through the same code
-    in this process (cheaper than a second command)."""
-    result = run_ft("generate", str(lora_run), "--prompt", PROMPT, "--max-new-tokens", TOKENS)
+SUMS = [f"What is {a} + {b}?" for a, b in [(12, 7), (40, 9), (3, 5), (77, 8), (25, 6), (61, 2), (90, 4), (8, 8)]]
+
+
+def test_generate_adapter_run_and_its_merge_write_the_same_greedy_text(full_run, lora_run, lora_merged, tmp_path):
+    """The adapter run through `ft generate` (base + adapter through PEFT), the merged folder and the base (the full
+    run the adapter trained on) through the same code in this process. The adapter changed the answers: a generate
+    that ignored the adapter would write the base's text, and fail."""
+    prompts = tmp_path / "sums.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in SUMS))
+    result = run_ft("generate", str(lora_run), "--file", str(prompts), "--max-new-tokens", TOKENS)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "base " in result.stderr and "final" in result.stderr  # messages go to stderr, the text alone to stdout
-    items = [("--prompt", {"prompt": PROMPT})]
-    [merged] = generate(lora_merged, items, Sampling(max_new_tokens=int(TOKENS)), say=lambda _: None)
-    assert merged.strip() and result.stdout == merged + "\n"
+    adapter = [json.loads(line)["completion"] for line in result.stdout.splitlines()]
+    items = [(f"line {i + 1}", {"prompt": text}) for i, text in enumerate(SUMS)]
+    sampling = Sampling(max_new_tokens=int(TOKENS))
+    merged = list(generate(lora_merged, items, sampling, say=lambda _: None))
+    base = list(generate(full_run, items, sampling, say=lambda _: None))
+    assert adapter == merged and all(text.strip() for text in adapter)
+    changed = sum(ours != theirs for ours, theirs in zip(adapter, base, strict=True))
+    assert changed >= len(SUMS) // 2, list(zip(adapter, base, strict=True))
+
+
+def test_every_prompt_given_is_answered_in_order(full_run):
+    """`--prompt A --prompt B` once printed only B's completion: each is answered, in order, as alone."""
+    pair = [SUMS[0], SUMS[2]]  # answered differently by this model: the order shows
+    both = run_ft("generate", str(full_run), "--prompt", pair[0], "--prompt", pair[1], "--max-new-tokens", TOKENS)
+    assert both.returncode == 0, both.stderr[-3000:]
+    alone = [run_ft("generate", str(full_run), "--prompt", text, "--max-new-tokens", TOKENS).stdout for text in pair]
+    assert both.stdout == "".join(alone) and alone[0] != alone[1]
+    assert "gemm_4bit_forward" not in both.stderr and "FutureWarning" not in both.stderr  # ft train's hygiene
 
 
 def test_generate_from_a_full_run_prompt_and_file(full_run, tmp_path):
@@ -156,7 +177,7 @@ def test_missing_directories_and_bad_arguments_are_refused(lora_run, tmp_path):
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
     assert "--out" in _refused("merge", str(lora_run), "--out", str(busy))
-    assert "exactly one of --prompt" in _refused("generate", str(lora_run))
+    assert "give --prompt TEXT (one or more) or --file prompts.jsonl, not both" in _refused("generate", str(lora_run))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
     assert f"{bad}:2" in _refused("generate", str(lora_run), "--file", str(bad))

@@ -257,7 +257,9 @@ def merge(
 ) -> None:
     """Fold a LoRA adapter into its base and save a plain model (weights, config, tokenizer, chat template)."""
     from .inference.merge import merge as run_merge
+    from .run.notices import install as hide_notices_not_for_the_user
 
+    hide_notices_not_for_the_user()  # as ft train does; not with FT_DEBUG=1 (notices.py)
     _guarded_at(lambda: run_merge(source, out, dtype, say=_err), "merging", "ft-merge")
     print(out)
 
@@ -266,8 +268,9 @@ def merge(
 def generate(
     source: Annotated[Path, typer.Argument(metavar="MODEL_OR_RUN_DIR", show_default=False,
                                            help="A run directory (its final/), a model or adapter folder.")],
-    prompt: Annotated[str | None, typer.Option(help="The text to complete (a user message when the model "
-                                                    "has a chat template).", show_default=False)] = None,
+    prompt: Annotated[list[str] | None, typer.Option(
+        help="The text to complete (a user message when the model has a chat template); repeat it for more "
+             "prompts, answered in order.", show_default=False)] = None,
     file: Annotated[Path | None, typer.Option("--file", show_default=False, help="JSON lines, one object per "
                                               "line with `prompt` (text) or `messages` (chat); prints JSON lines "
                                               "with a `completion` each.")] = None,
@@ -280,16 +283,19 @@ def generate(
     dtype: DtypeOpt = None,
 ) -> None:
     """Complete a prompt (or a file of prompts) with a trained model, adapter or merged model."""
-    if (prompt is None) == (file is None):
-        _err("ft generate: give exactly one of --prompt TEXT or --file prompts.jsonl.")
+    if (not prompt) == (file is None):
+        _err("ft generate: give --prompt TEXT (one or more) or --file prompts.jsonl, not both.")
         raise typer.Exit(EXIT_INVALID)
     from .inference.generate import Sampling, read_prompts
     from .inference.generate import generate as run_generate
+    from .run.notices import install as hide_notices_not_for_the_user
 
+    hide_notices_not_for_the_user()  # as ft train does; not with FT_DEBUG=1 (notices.py)
     sampling = Sampling(max_new_tokens, temperature, top_p, chat_template)
 
     def step() -> None:
-        items = [("--prompt", {"prompt": prompt})] if file is None else read_prompts(file)
+        items = [(f"--prompt {i + 1}", {"prompt": text}) for i, text in enumerate(prompt)] if file is None \
+            else read_prompts(file)
         for (_, item), completion in zip(items, run_generate(source, items, sampling, dtype, seed, say=_err),
                                          strict=True):
             print(completion if file is None else json.dumps({**item, "completion": completion}, ensure_ascii=False),

@@ -153,7 +153,7 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
         stats.update({f"{name}_{key}": value for key, value in checks.items() if key != "example"})
         warned = _say_cut(checks, settings, name, say)
         warned = _check_stops(checks, recipe, dataset, tokenizer, settings, name, say) or warned
-        if name == "train" and not warned and checks["turns_trained"]:  # the preflight's data line: what was checked, when all is well
+        if name == "train" and not warned and checks["turns_trained"]:  # the preflight's data line, when all is well
             token = tokenizer.convert_ids_to_tokens(stop_token_id(settings, tokenizer))
             say(f"preflight: data: all {checks['turns_trained']} trained turns end with {token!r}; data.max_length "
                 f"{settings.max_length} cuts {checks['rows_cut_share']:.1%} of the rows and "
