@@ -64,8 +64,12 @@ class _Start:
 
         class Start(TrainerCallback):
             def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+                from transformers import Trainer
+
                 self.model, self.optimizer = model, optimizer
                 self.weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+                self.built = type(getattr(optimizer, "optimizer", optimizer))  # inside accelerate's wrapper
+                self.named = Trainer.get_optimizer_cls_and_kwargs(args, model)[0]  # transformers' class for the name
 
             def changed(self) -> list[str]:
                 return [n for n, p in self.model.named_parameters() if not torch.equal(self.weights[n], p.detach())]
@@ -74,7 +78,15 @@ class _Start:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_optimizer_trains_on_cpu_or_is_refused_before_the_model_loads(name, write_recipe, tmp_path):
+def test_every_optimizer_trains_on_cpu_or_is_refused_before_the_model_loads(name, write_recipe, tmp_path,
+                                                                             monkeypatch):
+    """Trains: finite losses, a weight changed, and the optimizer built is the class transformers maps the name to
+    (a silent fallback to AdamW fails). Refused: before ft's model loading is called at all."""
+    import ft.run.train
+
+    loads = []
+    real_load = ft.run.train.loading.load_model
+    monkeypatch.setattr(ft.run.train.loading, "load_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     path = write_recipe(_recipe(tmp_path, name))
     expected = _expected_refusal(name)
     start = _Start()
@@ -85,12 +97,13 @@ def test_every_optimizer_trains_on_cpu_or_is_refused_before_the_model_loads(name
         [problem] = refused.problems
         assert problem.path == "optimizer.name" and problem.where.startswith(f"{path}:"), problem
         assert f"`{name}`" in problem.message and all(word in problem.message for word in expected), problem.message
-        assert not hasattr(start, "model")  # refused before any model loaded
+        assert loads == []  # refused before any model loaded
         return
     assert expected is None, f"`{name}` trained, but ft refuses it on CPU ({expected})"
     losses = result.summary["first_train_loss"], result.summary["last_train_loss"]
     assert all(math.isfinite(loss) for loss in losses), losses
     assert start.changed(), f"`{name}` changed no weight in {result.summary['steps']} steps"
+    assert start.built is start.named, f"`{name}` built {start.built.__name__}, not {start.named.__name__}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what fails on a CPU-only torch")
