@@ -3,6 +3,7 @@ library notices that do not concern the user hidden (ft.run.notices) unless FT_D
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -67,19 +68,26 @@ def run(tmp_path_factory):
 
 
 def test_one_readable_line_per_logging_step_and_evaluation(run):
-    _, _, stderr = run
+    """Each line's values are the run's own (log_history.json, as the trackers get them), rounded as shown."""
+    out, _, stderr = run
     lines = stderr.splitlines()
+    history = json.loads((out / "log_history.json").read_text())
+    logged = {row["step"]: row for row in history if "loss" in row}
+    evaluated = {row["step"]: row for row in history if "eval_loss" in row}
     train = [TRAIN_LINE.match(line) for line in lines if TRAIN_LINE.match(line)]
     assert [int(m[1]) for m in train] == list(range(1, STEPS + 1)), stderr[-3000:]
     assert all(int(m[2]) == STEPS for m in train)
     for m in train:
-        loss, lr, grad, acc = float(m[3]), float(m[4]), float(m[5]), float(m[6])
-        assert 0 < loss < 20 and 0 < lr <= 3.0e-3 and grad > 0 and 0 <= acc <= 1
+        row = logged[int(m[1])]
+        assert (m[3], m[4], m[5], m[6]) == (f"{row['loss']:.3f}", f"{row['learning_rate']:.1e}",
+                                             f"{row['grad_norm']:.3g}", f"{row['mean_token_accuracy']:.3f}"), m[0]
         assert re.fullmatch(r"\d+(\.\d+)?[kM]?", m[7])  # tokens/s: 372, 21.5k
     evals = [EVAL_LINE.match(line) for line in lines if EVAL_LINE.match(line)]
     # every eval_steps; the one at the last step serves as the final evaluation (no second, identical one)
     assert [int(m[1]) for m in evals] == [EVAL_STEPS, STEPS]
-    assert all(0 < float(m[3]) < 20 and 0 <= float(m[4]) <= 1 for m in evals)
+    for m in evals:
+        row = evaluated[int(m[1])]
+        assert (m[3], m[4]) == (f"{row['eval_loss']:.3f}", f"{row['eval_mean_token_accuracy']:.3f}"), m[0]
     (summary,) = [SUMMARY_LINE.match(line) for line in lines if SUMMARY_LINE.match(line)]
     assert int(summary[1]) == STEPS and float(summary[2]) > 0
 

@@ -77,3 +77,32 @@ def test_final_loads_with_auto_classes_and_generates(quickstart_run):
     assert len(new_tokens) > 0
     # a trained model answers with digits, as the data taught it (a random one emits arbitrary bytes)
     assert text.strip() and text.strip()[0].isdigit(), text
+
+
+def test_tokens_are_the_non_padding_tokens_the_model_received(write_recipe, tmp_path):
+    """summary.json's ``tokens`` against a count taken where the batches enter the model (a forward pre-hook, train
+    mode only): the attention mask's ones. Rows of different lengths are padded in each batch, so a count that
+    included padding, or one taken from the data instead of the batches, would differ."""
+    from conftest import tiny_sft
+    from transformers import TrainerCallback
+
+    from ft.recipe import load_recipe
+    from ft.run.train import train
+
+    fed = {"real": 0, "positions": 0}
+
+    def count(module, args, kwargs):
+        if module.training:
+            mask = kwargs["attention_mask"]
+            fed["real"] += int(mask.sum())
+            fed["positions"] += mask.numel()
+
+    class Hook(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            model.register_forward_pre_hook(count, with_kwargs=True)
+
+    recipe = tiny_sft(tmp_path / "out", max_steps=5, gradient_accumulation_steps=2)
+    result = train(load_recipe(write_recipe(recipe)), resume="never", say=lambda _: None, callbacks=[Hook()])
+    assert result.summary["tokens"] == fed["real"] < fed["positions"]
+    assert result.summary["samples"] == 5 * 2 * 8  # steps × accumulation × batch
+    assert result.summary["padding_efficiency"] == round(fed["real"] / fed["positions"], 4)

@@ -5,6 +5,7 @@ data and template errors a smoke run finds are one paragraph naming the key or t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,9 @@ def test_every_shipped_recipe_passes_its_smoke_test_offline(name, smoked, reques
     smoke_dir = folder / "run-smoke"
     summary = json.loads((smoke_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 3
+    history = json.loads((smoke_dir / "log_history.json").read_text())
+    losses = [row[key] for row in history for key in ("loss", "eval_loss") if key in row]
+    assert losses and all(math.isfinite(loss) for loss in losses), losses  # a NaN run is no rehearsal
     described = summary["smoke"]
     assert described["model"]["family"] == FAMILY.get(name, "llama")
     # tiny: 2 layers of hidden 64; a recipe that keeps its real tokenizer (SmolLM2's 49,152 ids, read from its GGUF
