@@ -89,17 +89,26 @@ def test_bad_resume_path_exits_2(write_recipe, tmp_path):
 
 
 SLOW_STEPS = """
-import shutil
+import signal
 import time
-from pathlib import Path
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 
+def _stop_seen() -> bool:
+    \"\"\"Whether this process got its stop signal: ft's StopWatch (the SIGTERM handler's owner) noted it.\"\"\"
+    watch = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    return getattr(watch, "received", None) is not None
+
+
 class SlowSteps(TrainerCallback):
-    \"\"\"Makes each step last 50 ms and tells the test how far training is: the last step in `progress`, and
-    `training-started` from step 5 on.\"\"\"
+    \"\"\"Makes each step last at least 50 ms and tells the test how far training is: the last step in `progress`, and
+    `training-started` from step 5 on. At the step `hold-at` names (written by `hold_at` before the run starts), the
+    run waits until the process has received its stop signal: however fast the machine, the run cannot end before
+    the signal the test sends at that step lands.\"\"\"
+
+    held = False
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.05)
@@ -109,7 +118,19 @@ class SlowSteps(TrainerCallback):
             (out / "progress.tmp").replace(out / "progress")
         if state.global_step == 5:
             (out / "training-started").write_text("")
+        hold = out / "hold-at"
+        if not self.held and hold.exists() and state.global_step >= int(hold.read_text()):
+            self.held = True
+            deadline = time.monotonic() + 300
+            while not _stop_seen() and time.monotonic() < deadline:
+                time.sleep(0.01)
 """
+
+
+def hold_at(out, step: int) -> None:
+    """Before a run starts: SlowSteps holds its step ``step`` until the process has received a stop signal."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hold-at").write_text(str(step))
 
 
 def sigterm_once_started(process: subprocess.Popen, out) -> None:
@@ -159,6 +180,7 @@ def steps_by_run(log) -> list[list[int]]:
 
 
 def _stop(command, out, env, at_step: int, signum=signal.SIGTERM) -> tuple[subprocess.Popen, str]:
+    hold_at(out, at_step)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     signal_at_step(process, out, at_step, signum)
     _, stderr = process.communicate(timeout=300)
@@ -193,6 +215,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
         assert "stopped by SIGTERM" in stderr and resume in stderr and "waits 3 s after the signal" in stderr
     assert 5 <= stops[0] < stops[1] < total
 
+    (out / "hold-at").unlink()  # this run is not stopped: nothing to hold for
     resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {out / f'checkpoint-{stops[1]}'}" in resumed.stderr
@@ -230,8 +253,10 @@ def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, t
     assert "stopped by SIGINT" in stderr and "Traceback" not in stderr and not (out / "final").exists()
 
     # resumed, then Ctrl-C twice: the second ends the process at once, before the JIT save (3 s after the first)
+    at = _progress(out) + 3
+    hold_at(out, at)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    signal_at_step(process, out, _progress(out) + 3, signal.SIGINT)
+    signal_at_step(process, out, at, signal.SIGINT)
     time.sleep(0.5)
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
@@ -248,6 +273,7 @@ def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=200, enable_jit_checkpoint=False)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    hold_at(out, 5)
     process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(write_recipe(recipe))], cwd=ROOT,
                                env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
     sigterm_once_started(process, out)

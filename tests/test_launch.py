@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, run_ft, tiny_sft
-from test_checkpoints import SLOW_STEPS, STEP_LOG, signal_at_step, steps_by_run
+from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, signal_at_step, steps_by_run
 
 from ft.outputs.checkpoints import complete_checkpoints
 from ft.run.launch import rank_argv
@@ -71,6 +71,7 @@ def test_two_ranks_train_and_write_one_run_with_data_prepared_first(write_recipe
 def test_sigterm_to_ft_stops_both_ranks_at_one_checkpoint_and_the_command_resumes(write_recipe, tmp_path):
     path, out = _slow_recipe(write_recipe, tmp_path)
     command = _ft(path)
+    hold_at(out, 5)
     ft = subprocess.Popen(command, cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     signal_at_step(ft, out, 5, signal.SIGTERM)
     _, stderr = ft.communicate(timeout=300)
@@ -87,6 +88,7 @@ def test_sigterm_to_ft_stops_both_ranks_at_one_checkpoint_and_the_command_resume
     assert resume.endswith(shlex.join(["train", str(path), "--num-processes", "2"])), resume
 
     assert shlex.split(resume)[0] == "ft"
+    (out / "hold-at").unlink()  # the resumed run is not stopped
     resumed = subprocess.run([sys.executable, "-m", *shlex.split(resume)], cwd=ROOT, env=ENV, capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -98,6 +100,7 @@ def test_sigterm_to_ft_stops_both_ranks_at_one_checkpoint_and_the_command_resume
 
 def test_ctrl_c_to_ft_stops_both_ranks_with_exit_130(write_recipe, tmp_path):
     path, out = _slow_recipe(write_recipe, tmp_path)
+    hold_at(out, 5)
     ft = subprocess.Popen(_ft(path), cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
     signal_at_step(ft, out, 5, signal.SIGINT)
     _, stderr = ft.communicate(timeout=300)
@@ -108,6 +111,7 @@ def test_ctrl_c_to_ft_stops_both_ranks_with_exit_130(write_recipe, tmp_path):
 
 def test_no_rank_outlives_ft_killed_with_sigkill(write_recipe, tmp_path):
     path, out = _slow_recipe(write_recipe, tmp_path, max_steps=2000)
+    hold_at(out, 5)
     ft = subprocess.Popen(_ft(path), cwd=ROOT, env=ENV, stderr=subprocess.DEVNULL, start_new_session=True)
     signal_at_step(ft, out, 5, signal.SIGKILL)
     ft.wait(timeout=60)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from conftest import ROOT, assert_same_final_weights, tiny_sft
-from test_checkpoints import SLOW_STEPS, STEP_LOG, sigterm_once_started, steps_by_run
+from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, sigterm_once_started, steps_by_run
 
 from ft.outputs.checkpoints import complete_checkpoints
 
@@ -51,6 +51,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     path = write_recipe(recipe)
     env = {**os.environ, "TQDM_DISABLE": "1"}
 
+    hold_at(out, 5)
     launcher = subprocess.Popen(_torchrun(path), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     sigterm_once_started(launcher, out)  # torchrun passes it on to both processes
     _, stderr = launcher.communicate(timeout=300)
@@ -67,6 +68,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 60
     assert not (out / "final").exists()
 
+    (out / "hold-at").unlink()  # the resumed run is not stopped
     resumed = subprocess.run(_torchrun(path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stderr

@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 from conftest import DATA, ROOT, run_ft, tiny_sft
-from test_checkpoints import SLOW_STEPS, signal_at_step
+from test_checkpoints import SLOW_STEPS, hold_at, signal_at_step
 
 from ft.outputs import plots
 from ft.outputs.checkpoints import complete_checkpoints, previous_run
@@ -72,6 +72,7 @@ def stopped_run(tmp_path_factory):
     recipe = _recipe(folder, "out", max_steps=300)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
     out = folder / "out"
+    hold_at(out, 3)
     process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(_write(folder, "out", recipe))], cwd=ROOT,
                                env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
     signal_at_step(process, out, 3, signal.SIGTERM)

@@ -20,7 +20,7 @@ from pathlib import Path
 from .checkpoints import complete_checkpoints
 
 MARGIN = 1.2  # free space wanted per checkpoint: its size and a fifth more (trainer state, RNG files, a grown state)
-_FULL = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|file write failed|Disk quota exceeded", re.I)
+_FULL = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|file write failed")  # torch's writer too
 
 
 class DiskFull(Exception):
