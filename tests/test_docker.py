@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,6 @@ import yaml
 from conftest import ROOT
 from packaging.requirements import Requirement
 from packaging.version import Version
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pytest depends on tomli below Python 3.11
-    import tomli as tomllib
 
 DOCKER = ROOT / "docker"
 CUDA = DOCKER / "Dockerfile"

@@ -152,13 +152,18 @@ def test_other_processes_wait_for_the_main_ones_prepared_data_without_a_timeout(
     tokenizer = loading.load_tokenizer(recipe.model)
     template = data.chat_template_for(recipe, tokenizer)
     waited: dict = {}
+    waiting = threading.Event()  # set when the other process says it waits (before its first look at the cache)
+
+    def said(message: str) -> None:
+        if "waiting for the main process" in message:
+            waiting.set()
 
     def other_process():
-        waited["prepared"] = data.prepare_data(recipe, tokenizer, template, lambda message: None, builder=False)
+        waited["prepared"] = data.prepare_data(recipe, tokenizer, template, said, builder=False)
 
     waiter = threading.Thread(target=other_process)
     waiter.start()
-    time.sleep(2.0)
+    assert waiting.wait(timeout=120)
     assert waiter.is_alive() and not (tmp_path / "prepared").exists()  # waiting, and never writing it itself
     built = data.prepare_data(recipe, tokenizer, template, lambda message: None)  # the main process
     waiter.join(timeout=60)
