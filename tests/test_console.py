@@ -135,6 +135,8 @@ def test_each_filter_hides_its_notice_from_its_source_only():
         r"Unknown ((leading|trailing) special token|(second )?separator token|(second )?middle sequence|sequence) "
         r"|TemplateProcessing<single> leading/trailing": "Unknown separator token '<|begin_of_text|>' in "
         "TemplateProcessing<pair>",
+        r"There were missing keys in the checkpoint model loaded: \['lm_head\.weight'\]\.$": "There were missing "
+        "keys in the checkpoint model loaded: ['lm_head.weight'].",
     }
     assert set(samples) == {notice.message for notice in notices.NOTICES}
     sources = {r"transformers\.modeling_utils": "transformers.modeling_utils",

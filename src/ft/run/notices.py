@@ -77,6 +77,12 @@ NOTICES: tuple[Notice, ...] = (
            "(the pair template, for two texts, e.g. Llama 3's); GGUF has no pair template and the flags it writes "
            "come from the single one",
            category="log"),
+    Notice(r"There were missing keys in the checkpoint model loaded: \['lm_head\.weight'\]\.$",
+           "transformers.trainer",
+           "resuming a model whose output layer shares the input embeddings' weights (tie_word_embeddings): the "
+           "checkpoint stores the shared tensor once, so lm_head.weight is 'missing' and the tie restores it; any "
+           "other missing key is still shown",
+           category="log"),
 )
 
 _DEBUG_ENV = "FT_DEBUG"
