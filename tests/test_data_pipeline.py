@@ -247,3 +247,4 @@ def test_bad_rows_stop_the_run_by_default_naming_file_and_line(write_recipe, tmp
     assert result.returncode == 2
     assert f"{tmp_path / 'train.jsonl'}:4" in result.stderr and "narrator" in result.stderr
     assert "data.on_bad_row: skip" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # a refusal leaves no output directory behind

@@ -67,8 +67,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         hooks = resolve_hooks(recipe, base_dir=loaded.source.resolve().parent)
     except PluginError as exc:
         raise loaded.error([exc.problem]) from None
-    output_dir = Path(recipe.train_args["output_dir"])
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = Path(recipe.train_args["output_dir"])  # created once data and model are ready: a refusal leaves none
     with ranks.main_process_first(cpu=not hw.cuda):  # with --overwrite the main process clears, the others find it so
         resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
     resume_from = resumed.path
@@ -79,8 +78,6 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         if harmless:
             say("ft: resuming with changes that leave the training as it was: "
                 + "; ".join(change.render() for change in harmless))
-    if main:
-        (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
     phases: dict = dict.fromkeys(PHASES)  # filled in as each phase ends
@@ -92,6 +89,9 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
     except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
         raise loaded.error([exc.problem]) from None
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
     if resume_from:
         say(f"ft: resuming from {resume_from}")
 
