@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({spent:.0f} s spent before this script); logs in {opts.workdir}/logs/", flush=True)
     started = time.monotonic()
     results = Runner(steps, opts.workdir, deadline, opts.jobs, say=lambda line: print(line, flush=True)).run()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": shlex.join(["scripts/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
             "deadline": opts.deadline, "jobs": opts.jobs, "wall": time.monotonic() - started + spent}
     text = report(results, env, meta)

@@ -182,3 +182,19 @@ def logged_rewards(checkpoint: Path) -> list[float]:
 
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     return [entry["reward"] for entry in state["log_history"] if "reward" in entry]
+
+
+@pytest.fixture
+def fake_hub():
+    """A local stand-in for the Hub's write API (tests/fake_hub.py); point HF_ENDPOINT at ``fake_hub.url``."""
+    from fake_hub import FakeHub
+
+    hub = FakeHub()
+    yield hub
+    hub.close()
+
+
+def hub_env(tmp_path: Path, hub, token: str | None, **more) -> dict:
+    """The environment of a run that pushes to ``hub``: its endpoint, ``token`` as HF_TOKEN, an empty HF_HOME."""
+    return {"HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": None,
+            "HUGGING_FACE_HUB_TOKEN": None, "HF_TOKEN_PATH": None, **more}

@@ -1,7 +1,8 @@
 """The Hub: the `train:` hub settings reach every method's trainer arguments; a recipe that pushes is refused before
 any model loads when this machine has no token (or the Hub is switched off); and tokens never travel inside the run's
 files: `train.hub_token` is refused without repeating its value, and a real run, started with a token in its
-environment and secrets in its recipe, writes none of them into any file of its output directory or its output."""
+environment and secrets in its recipe, writes none of them into any file of its output directory, its output or what
+it pushes (to a local stand-in for the Hub, tests/fake_hub.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import CPU, DATA, ROOT, run_ft, tiny_sft
+from conftest import CPU, DATA, ROOT, hub_env, run_ft, tiny_sft
 
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.methods import METHODS
@@ -152,17 +153,21 @@ def _found_in(path, secrets: dict[str, bytes]) -> list[str]:
     return [name for name, secret in secrets.items() if any(secret in blob for blob in blobs)]
 
 
-def test_no_token_or_secret_reaches_any_file_of_the_run_or_its_output(write_recipe, tmp_path):
+def test_no_token_or_secret_reaches_any_file_of_the_run_its_output_or_the_hub(write_recipe, tmp_path, fake_hub):
+    """A real push (to the local stand-in for the Hub) of every save and the last checkpoint: the token is read and
+    sent (in the Authorization header), and no secret is in any file written here or uploaded."""
     secrets = {"HF_TOKEN": "hf_plantedEnvToken0123456789abcdef", "api_key (--set)": "sk-plantedSetKey0123456789",
                "auth.password (file)": "plantedPassword0123456789"}
     out = tmp_path / "out"
     (tmp_path / "keeps_keys.py").write_text(CALLBACK)
     recipe = tiny_sft(out, max_steps=2, save_strategy="steps", save_steps=1, eval_strategy="steps", eval_steps=1,
-                      per_device_eval_batch_size=64, logging_steps=1)
+                      per_device_eval_batch_size=64, logging_steps=1, push_to_hub=True, hub_model_id="someone/keys",
+                      hub_strategy="checkpoint", hub_always_push=True)
     recipe["callbacks"] = [{"cls": "keeps_keys:KeepsKeys",
                             "kwargs": {"api_key": "overridden", "auth": {"password": secrets["auth.password (file)"]}}}]
     override = f"callbacks.0.kwargs.api_key={secrets['api_key (--set)']}"
-    result = run_ft("train", str(write_recipe(recipe)), "--set", override, env={"HF_TOKEN": secrets["HF_TOKEN"]})
+    result = run_ft("train", str(write_recipe(recipe)), "--set", override,
+                    env=hub_env(tmp_path, fake_hub, secrets["HF_TOKEN"]))
     assert result.returncode == 0, result.stderr[-3000:]
 
     files = sorted(path for path in out.rglob("*") if path.is_file())
@@ -173,9 +178,19 @@ def test_no_token_or_secret_reaches_any_file_of_the_run_or_its_output(write_reci
     # the search sees strings a run pickles: the output directory is in training_args.bin
     assert _found_in(out / "final" / "training_args.bin", {"output_dir": str(out).encode()}) == ["output_dir"]
     assert "<redacted>" in (out / "recipe.yaml").read_text()
+    pushed = fake_hub.files("someone/keys")
+    assert {"summary.json", "model.safetensors", "training_args.bin", "recipe.yaml",
+            "last-checkpoint/training_args.bin", "last-checkpoint/optimizer.pt"} <= set(pushed), sorted(pushed)
+    assert set(fake_hub.authorizations) - {None} == {f"Bearer {secrets['HF_TOKEN']}"}  # read, and sent
 
     planted = {name: secret.encode() for name, secret in secrets.items()}
     leaks = {path.relative_to(out).as_posix(): found for path in files if (found := _found_in(path, planted))}
+    uploads = tmp_path / "uploaded"
+    for name, content in pushed.items():
+        (uploads / name).parent.mkdir(parents=True, exist_ok=True)
+        (uploads / name).write_bytes(content)
+        if found := _found_in(uploads / name, planted):
+            leaks[f"hub:{name}"] = found
     leaks.update({stream: found for stream, text in (("stdout", result.stdout), ("stderr", result.stderr))
                   if (found := [name for name, secret in secrets.items() if secret in text])})
     assert leaks == {}

@@ -190,6 +190,7 @@ def _guarded(step, loaded, doing: str):
     from .model.loading import ModelLoadError
     from .outputs.checkpoints import ResumeError
     from .outputs.disk import DiskFull
+    from .outputs.hub_push import PushFailed
     from .recipe import RecipeError
     from .trainers.preflight import PreflightOutOfMemory
 
@@ -201,7 +202,7 @@ def _guarded(step, loaded, doing: str):
     except (DataError, ModelLoadError, ResumeError, PreflightOutOfMemory) as exc:
         _err(f"ft: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    except DiskFull as exc:  # not the recipe's fault: exit 1, but said plainly
+    except (DiskFull, PushFailed) as exc:  # not the recipe's fault: exit 1, but said plainly
         _err(f"ft: {exc}")
         raise typer.Exit(1) from None
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file

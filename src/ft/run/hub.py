@@ -45,6 +45,49 @@ def check_hub(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+def push_repo(recipe: Recipe) -> str:
+    """The repository ``train.push_to_hub`` writes to as the recipe names it: ``train.hub_model_id``, else (as
+    transformers names it) the output directory's name, under the token owner's account."""
+    return recipe.train_args.get("hub_model_id") or Path(recipe.train_args["output_dir"]).absolute().name
+
+
+def check_push(recipe: Recipe) -> list[Problem]:
+    """For a recipe with ``train.push_to_hub``: create its repository (private as ``train.hub_private_repo`` says, or
+    found as it is) and its ``train.hub_revision`` branch, as the trainer would once the model loaded (transformers
+    creates the repository but no branch, and its pushes to a missing branch fail unseen). A token that may not
+    write, or a Hub that does not answer, is so found before any data or model loads. Call it from one process."""
+    args = recipe.train_args
+    if not args.get("push_to_hub"):
+        return []
+    from huggingface_hub import HfApi
+
+    from ..outputs.hub_push import limit_silence
+
+    limit_silence()  # this call and every later one: the checkpoint pushes, the final push
+    key = "train.hub_model_id" if args.get("hub_model_id") else "train.push_to_hub"
+    repo = push_repo(recipe)
+    try:
+        made = HfApi().create_repo(repo, private=args.get("hub_private_repo"), exist_ok=True)
+        if args.get("hub_revision"):
+            HfApi().create_branch(made.repo_id, branch=args["hub_revision"], exist_ok=True)
+    except Exception as exc:  # refused, a server error, no answer
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            return [Problem(key, f"the Hub refused to create or open the repository '{repo}' with the token here "
+                            f"({status}: {first_line(exc)}); use a token that may write there ({FIX}), or name a "
+                            "repository of yours in train.hub_model_id.")]
+        return [Problem(key, f"creating the repository '{repo}' on the Hub failed ({type(exc).__name__}: "
+                        f"{first_line(exc)}), so the run could not be pushed; check the network (HF_ENDPOINT is "
+                        f"{_endpoint()}) and try again, or remove train.push_to_hub.")]
+    return []
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
 # --- what the recipe reads from the Hub ------------------------------------------------------------------------------
 
 TIMEOUT = 10.0  # seconds for the Hub to answer one question; huggingface_hub's own client waits forever

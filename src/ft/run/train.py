@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import data
 from ..inference import exact_match
 from ..model import adapters, bnb_import, loading
-from ..outputs import checkpoints, disk
+from ..outputs import checkpoints, disk, hub_push
 from ..outputs.plots import write_plots
 from ..outputs.summary import (
     PHASES,
@@ -61,6 +61,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     hw = hardware.probe()
     problems = (hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
                 + hub.check_reads(recipe) + loading.gguf_problems(recipe.model))
+    if not problems and main:  # the repository a pushing run writes to, created before anything loads
+        problems = hub.check_push(recipe)
     if problems:
         raise loaded.error(problems)
     try:
@@ -150,7 +152,11 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
                 exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], answers_before)
         _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
         say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
+        if main and trainer.args.push_to_hub:
+            _push(trainer, output_dir, summary, say)
         return RunResult("completed", output_dir, summary)
+    except hub_push.PushFailed:  # the run is complete and its summary.json says so, with the push's failure
+        raise
     except Exception as exc:  # summary.json says so, then ft train prints its one paragraph and exits 1
         saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
         full = disk.explain(exc, output_dir, command, final=saving) if main else None  # removes what was half-written
@@ -160,6 +166,18 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         if full is not None:
             raise full from None
         raise
+
+
+def _push(trainer, output_dir: Path, summary: dict, say: Callable[[str], None]) -> None:
+    """final/ and summary.json to the Hub (``outputs.hub_push``); summary.json here then records where they went, or
+    why they did not."""
+    try:
+        summary["hub"] = hub_push.push_final(trainer, output_dir, say)
+    except hub_push.PushFailed as failed:
+        summary["hub"] = failed.record
+        raise
+    finally:
+        write_summary(output_dir, summary)
 
 
 def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Callable[[str], None] = print,

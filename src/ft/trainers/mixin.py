@@ -10,8 +10,10 @@
 - The worst batch first (``trainers.preflight``): at the first training step, a forward and backward of the largest
   batch the data makes, measured, leaving no trace.
 
+- The push at the end of a run (``train.push_to_hub``) made by ft once summary.json exists (``push_to_hub`` below).
+
 It overrides only documented extension points of ``transformers.Trainer`` (``training_step``, ``log``,
-``create_optimizer``, ``create_scheduler``, ``floating_point_ops``).
+``create_optimizer``, ``create_scheduler``, ``floating_point_ops``) and its public ``push_to_hub``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ class FtTrainerMixin:
                     opt_model)), ft.groups, kwargs.get("lr", self.args.learning_rate), self.args.weight_decay)
             self.optimizer_cls_and_kwargs = (cls, kwargs)
         return super().create_optimizer(model)
+
+    def push_to_hub(self, *args, **kwargs) -> None:
+        """Pushes nothing. transformers calls this from ``save_model`` when ft saves final/: before summary.json
+        exists, saving the model a second time into the output directory and uploading both copies. ft pushes final/
+        and summary.json itself once the run's report is written (``ft.outputs.hub_push``); the pushes at checkpoint
+        saves (``hub_strategy``) are transformers' own and unchanged."""
+        return None
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``scheduler.class``: that class, given the number of training steps where it asks for them."""
