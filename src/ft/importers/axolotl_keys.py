@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..recipe import Problem
 from ..recipe.methods import DEFAULT_METHOD, moved_to_method_section
 from ..recipe.train_section import MOVED, method_fields
 from .axolotl_types import family_of
@@ -25,6 +26,7 @@ class Ctx:
     draft: Draft = field(default_factory=Draft)
     ledger: Ledger = field(default_factory=Ledger)
     method: str = DEFAULT_METHOD  # the ft method the config trains with (decided first, from `rl`)
+    refusals: list[Problem] = field(default_factory=list)  # what ft cannot train, whatever the keys say
 
     @property
     def family(self) -> str:
@@ -78,6 +80,12 @@ class Ctx:
 
     def skip(self, key: str, why: str) -> None:
         self.ledger.record(Entry(key, self._value(key), NOT_CARRIED, why=why))
+
+    def refuse(self, key: str, target: str, why: str) -> None:
+        """``key`` not carried, and the recipe refused for it (written, exit 1): the config trains something ft does
+        not (``why``), which no key of the recipe would fix. ``target``: the recipe key the refusal names."""
+        self.skip(key, why)
+        self.refusals.append(Problem(target, f"the Axolotl config's `{key}: {self._value(key)}`: {why}"))
 
     def _value(self, key: str) -> Any:
         node: Any = self.cfg

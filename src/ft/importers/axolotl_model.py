@@ -235,3 +235,14 @@ def special_tokens(ctx: Ctx) -> None:
             ctx.skip(key, "ft keeps the tokenizer's own special tokens (its BOS/EOS end every sequence ft "
                      "tokenizes); to change them, save the tokenizer with the tokens you want and train from that "
                      "folder")
+
+
+@handles("processor_type")
+def multimodal(ctx: Ctx) -> None:
+    """A processor (images, audio) means a vision- or audio-language model trained on rows with media: ft trains
+    text-only causal language models, so the recipe is written but refused instead of failing at its first run (its
+    ``language_model.*`` target modules match no module of the text model ft would load)."""
+    ctx.refuse("processor_type", "model.name", "this trains a vision- or audio-language model on rows with images or "
+               "audio through its processor, and ft trains text-only language models; train it with Axolotl, or "
+               "import a text-only config of the model's language part")
+

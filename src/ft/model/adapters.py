@@ -35,6 +35,26 @@ def prepare_base(model, recipe: Recipe, tokenizer, say: Callable[[str], None]) -
     return model, new_ids
 
 
+def train_in_float32_without_autocast(model, args) -> int:
+    """The trainable parameters of a quantized base's run, back in float32 when the run has no mixed precision
+    (neither ``train.bf16`` nor ``train.fp16``: a CPU run, a smoke run); how many were cast.
+
+    TRL casts every trainable parameter of a 4/8-bit model to bfloat16 (QLoRA's choice), and mixed precision's autocast
+    then meets the float32 activations (``prepare_model_for_kbit_training`` keeps the layers left in 16 bits in
+    float32). Without autocast, LoRA layers still work (PEFT casts their input), but a full copy trained beside the
+    adapter (``adapter.modules_to_save``: ``lm_head``, ``embed_tokens``) multiplies float32 activations by bfloat16
+    weights and fails at the first step. Such a run trains in float32, as it does everything else."""
+    import torch
+
+    quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+    if not quantized or args.bf16 or args.fp16:
+        return 0
+    cast = [p for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)]
+    for param in cast:
+        param.data = param.data.float()
+    return len(cast)
+
+
 def fit_embeddings(model, tokenizer, say: Callable[[str], None] | None = None) -> list[int]:
     """Resize ``model``'s embeddings to the tokenizer's length when the tokenizer has more tokens (added special
     tokens); the ids of the added rows. Training trains those rows (with an adapter, as PEFT's trainable tokens, saved

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..model import adapters
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
 from . import trackers
@@ -49,8 +50,9 @@ class TrainerInputs:
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
     """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``, with trackers writing under the output
-    directory (``trackers.writing_under``), ft's console lines for the method instead of transformers'
-    (``console.install``), and without transformers' own stop on SIGTERM (ft stops at a step end:
+    directory (``trackers.writing_under``), a quantized base's trainable weights in float32 where no mixed precision
+    runs (``model.adapters.train_in_float32_without_autocast``), ft's console lines for the method instead of
+    transformers' (``console.install``), and without transformers' own stop on SIGTERM (ft stops at a step end:
     ``preemption``)."""
     from . import console  # imports transformers
     from .preemption import without_transformers_stop
@@ -58,6 +60,7 @@ def build_trainer(recipe: Recipe, inputs: TrainerInputs):
     sigterm = signal.getsignal(signal.SIGTERM)
     with trackers.writing_under(recipe.train_args["output_dir"]):
         trainer = importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
+    adapters.train_in_float32_without_autocast(trainer.model, trainer.args)  # before the optimizer exists
     console.install(trainer, recipe.method)
     without_transformers_stop(trainer, sigterm)  # ft stops at a step end itself (trainers.preemption)
     return trainer
