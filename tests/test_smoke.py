@@ -119,6 +119,43 @@ def test_adapter_modules_the_family_lacks_are_an_error_naming_the_key(write_reci
     assert "Traceback" not in result.stderr
 
 
+def test_a_stand_in_chosen_by_name_says_the_real_architecture_may_differ(write_recipe, tmp_path):
+    """A Llama 4 (mixture of experts) config cannot be read offline, so the Llama 3 asset stands in by the name: its
+    shared_expert modules are missing from the stand-in, not necessarily from the model, and the message says so."""
+    recipe = tiny_sft(tmp_path / "run")
+    recipe["model"] = {"name": "meta-llama/Llama-4-Scout-17B-16E"}
+    recipe["adapter"] = {"kind": "lora", "target_modules": ["q_proj", "shared_expert.gate_proj"]}
+    result = _smoke(write_recipe(recipe), tmp_path / "run")
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if "adapter.target_modules" in line]
+    assert "shared_expert.gate_proj: no such module" in line and "shipped tiny llama model" in line
+    assert "the real model may be another architecture" in line
+    assert "hf download meta-llama/Llama-4-Scout-17B-16E config.json" in line
+
+
+def test_a_pad_token_the_shipped_tokenizer_lacks_is_given_to_it_and_a_real_run_checks_it(write_recipe, tmp_path):
+    """Llama 3.1's reserved `<|finetune_right_pad_id|>` (an Axolotl config's special_tokens.pad_token) is in the real
+    tokenizer, not in ft's tiny one: the smoke run adds it to the stand-in and says so (TRL refused it before); a real
+    run whose tokenizer lacks the token it names stops before the data, naming the key and its line."""
+    recipe = tiny_sft(tmp_path / "run", pad_token="<|finetune_right_pad_id|>")
+    recipe["model"] = {"name": "meta-llama/Llama-3.1-8B"}
+    result = _smoke(write_recipe(recipe), tmp_path / "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run-smoke" / "summary.json").read_text())
+    assert any("train.pad_token '<|finetune_right_pad_id|>'" in note for note in summary["smoke"]["model"]["notes"])
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run-smoke" / "final")
+    assert "<|finetune_right_pad_id|>" in tokenizer.get_vocab()
+
+    real = write_recipe(tiny_sft(tmp_path / "real", pad_token="<|finetune_right_pad_id|>"), name="real.yaml")
+    refused = run_ft("train", str(real))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    [line] = [line for line in refused.stderr.splitlines() if "train.pad_token" in line]
+    assert f"{real}:" in line and "is not a token of the tokenizer of model.name" in line
+    assert not (tmp_path / "real").exists()
+
+
 def test_a_bad_row_is_reported_at_its_line_in_the_original_file(write_recipe, tmp_path):
     lines = (DATA / "train.jsonl").read_text().splitlines()[:100]
     lines[4] = '{"messages": [{"role": "user", "content": "hi"}'  # line 5: not JSON

@@ -131,8 +131,8 @@ REASONS = {
     "embedding_lr": "set per-module learning rates with optimizer.groups ({match: embed_tokens, lr_scale: …})",
     "embedding_lr_scale": "set per-module learning rates with optimizer.groups ({match: embed_tokens, lr_scale: …})",
     "lr_groups": "set per-module learning rates with optimizer.groups ({match: regex, lr_scale: …})",
-    "reward_model": "ft trains reward models (`method: reward`), but does not import Axolotl's reward-model configs yet; "
-                    "write the recipe by hand (recipes/smollm2-reward.yaml)",
+    "reward_model": ("ft trains reward models (`method: reward`), but does not import Axolotl's reward-model configs "
+                     "yet; write the recipe by hand (recipes/smollm2-reward.yaml)"),
     "process_reward_model": "ft trains no process reward models",
     "num_labels": "ft trains no classification heads",
     "center_rewards_coefficient": "ft trains no reward models",

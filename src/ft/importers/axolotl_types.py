@@ -62,8 +62,8 @@ SFT: dict[str, Reading] = {
     "concisechoice": _missing("instruction", "it builds the input from a list of choices; ft reads the fields as "
                               "written"),
     "reflection": _missing("instruction", "its reflection/corrected fields have no ft equivalent"),
-    "bradley_terry": _missing("preference", "a reward-model (Bradley-Terry) strategy, which the importer does not map yet (ft's "
-                                       "`method: reward` trains on `preference` rows)"),
+    "bradley_terry": _missing("preference", "a reward-model (Bradley-Terry) strategy, which the importer does not "
+                                            "map yet (ft's `method: reward` trains on `preference` rows)"),
     "stepwise_supervised": _missing("text", "a process-reward-model strategy; ft trains no reward models"),
 }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from ..recipe import Recipe
+from ..recipe import Problem, Recipe
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.processes import uses_fsdp
@@ -69,6 +69,25 @@ def load_tokenizer(section: ModelSection, say=None):
             say(f"tokenizer: it has no pad token; padding with its end-of-sequence token {tokenizer.eos_token!r} "
                 f"(id {tokenizer.eos_token_id}), which padded positions never train on")
     return tokenizer
+
+
+TOKEN_KEYS = ("pad_token", "eos_token")  # train.* keys that name a token of the tokenizer (TRL's SFT, DPO, reward)
+
+
+def named_tokens(recipe: Recipe) -> dict[str, str]:
+    """The tokens the recipe names by ``train.<key>`` (``TOKEN_KEYS``): key -> token."""
+    return {key: recipe.train_args[key] for key in TOKEN_KEYS if recipe.train_args.get(key)}
+
+
+def token_problems(recipe: Recipe, tokenizer) -> list[Problem]:
+    """A token the recipe names (``train.pad_token``, ``train.eos_token``) that the tokenizer does not have: TRL pads
+    and ends rows only with tokens of the vocabulary, and fails building the trainer otherwise. ft adds no tokens."""
+    vocabulary = tokenizer.get_vocab()
+    return [Problem(f"train.{key}", f"{token!r} is not a token of the tokenizer of model.name ({recipe.model.name!r}), "
+                    f"so TRL cannot use it; name one of its tokens (its end-of-sequence token is "
+                    f"{tokenizer.eos_token!r}), or remove the key (ft then pads with the tokenizer's pad token, else "
+                    "its end-of-sequence token).")
+            for key, token in named_tokens(recipe).items() if token not in vocabulary]
 
 
 def _weights_kwargs(section: ModelSection, fsdp: bool = False) -> dict:

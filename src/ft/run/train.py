@@ -23,7 +23,7 @@ from ..outputs.summary import (
     write_log_history,
     write_summary,
 )
-from ..recipe import LoadedRecipe, Recipe
+from ..recipe import LoadedRecipe, Recipe, RecipeError
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.resolved import resolved_recipe_yaml
@@ -91,6 +91,8 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
     except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
         raise loaded.error([exc.problem]) from None
+    except RecipeError as exc:  # one the tokenizer shows wrong (a train.pad_token it does not have)
+        raise loaded.error(exc.problems) from None
     output_dir.mkdir(parents=True, exist_ok=True)
     if main:
         (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
@@ -187,6 +189,9 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
     tokenizer = loading.load_tokenizer(recipe.model, say)
+    problems = loading.token_problems(recipe, tokenizer)
+    if problems:  # located by train(): file and line
+        raise RecipeError(problems)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
         tokenizer.chat_template = template  # final/ ships the template the model was trained with

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data import DataError
-from ..model.loading import names_a_path
+from ..model.loading import named_tokens, names_a_path
 from ..outputs.summary import write_summary
 from ..recipe import LoadedRecipe, Problem, Recipe, load_recipe
 from ..recipe.errors import first_line
@@ -361,10 +361,10 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
     try:
         tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
                                    recipe.train_args.get("seed", 42), notes, named=recipe.model.name,
-                                   gguf_file=section.gguf_file)
+                                   gguf_file=section.gguf_file, tokens=named_tokens(recipe))
     except tiny_model.UnknownFamily as exc:
         raise loaded.error([Problem("model.name", str(exc))]) from None
-    problems = tiny_model.adapter_problems(recipe.adapter, tiny.model, tiny.model_type)
+    problems = tiny_model.adapter_problems(recipe.adapter, tiny, section.name)
     if problems:
         raise loaded.error(problems)
     tiny.save(model_dir)

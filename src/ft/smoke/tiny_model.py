@@ -94,10 +94,11 @@ def asset(family: str) -> Path:
 
 
 def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int, notes: list[str],
-             named: str | None = None, gguf_file: str | None = None) -> StandIn:
+             named: str | None = None, gguf_file: str | None = None, tokens: dict[str, str] | None = None) -> StandIn:
     """A tiny random model for the model ``name`` (``gguf_file``: its config and tokenizer are a GGUF file's;
-    ``named``: as the recipe names it, for messages; ``notes``: what was found out about it so far). Raises
-    UnknownFamily or ModelLoadError."""
+    ``named``: as the recipe names it, for messages; ``notes``: what was found out about it so far; ``tokens``: the
+    tokens the recipe names, ``train.pad_token`` and the like, which a shipped tokenizer standing in for the real one
+    is given where it lacks them). Raises UnknownFamily or ModelLoadError."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -126,6 +127,13 @@ def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int
         tokenizer = AutoTokenizer.from_pretrained(asset(family))
         generation = GenerationConfig.from_pretrained(asset(family))
         described["tokenizer"] = f"{shipped} (the real one cannot be read: {tokenizer_error})"
+        vocabulary = tokenizer.get_vocab()
+        lacking = {key: token for key, token in (tokens or {}).items() if token not in vocabulary}
+        if lacking:  # the real tokenizer is expected to have them: a real run checks (model.loading.token_problems)
+            tokenizer.add_tokens(sorted(set(lacking.values())), special_tokens=True)
+            notes.append("the shipped tokenizer is given the recipe's " + ", ".join(
+                f"train.{key} {token!r}" for key, token in lacking.items()) + ", which it lacks (a real run checks "
+                "that the real tokenizer has it)")
     else:
         described["tokenizer"] = f"the real one ({name})"
         generation, _ = _attempt(lambda: GenerationConfig.from_pretrained(name, **kwargs))
@@ -216,11 +224,26 @@ def _shrink_dict(values: dict, changed: list[str], prefix: str) -> None:
             _shrink_dict(values[key], changed, f"{prefix}{key}.")
 
 
-def adapter_problems(adapter: AdapterSection | None, model, model_type: str) -> list[Problem]:
+def adapter_problems(adapter: AdapterSection | None, stand: StandIn, name: str) -> list[Problem]:
     """``adapter.target_modules`` and ``modules_to_save`` must name modules the model has (matched as PEFT does);
-    a real run fails when PEFT finds none, or quietly trains fewer layers when it finds only some."""
+    a real run fails when PEFT finds none, or quietly trains fewer layers when it finds only some. When the stand-in's
+    config is a shipped one (the real config of ``name`` unreadable here), a missing module may be the stand-in's
+    fault rather than the recipe's: the message says so."""
     if adapter is None or adapter.path:
         return []
+    problems = _missing_modules(adapter, stand.model, stand.model_type)
+    if problems and stand.described["config"].startswith("shipped"):
+        family = stand.described["family"]
+        guess = (f" This stand-in is ft's shipped tiny {family} model ({FAMILIES[family]}), chosen from the name "
+                 f"{name!r} because the real config cannot be read here: the real model may be another architecture "
+                 "(a mixture of experts with shared_expert layers, a vision-language model), so these names may be "
+                 f"right. Make its config readable here (`hf download {name} config.json` where the Hub is "
+                 "reachable, then copy the HF cache; or a local model directory) and the stand-in is built from it.")
+        problems = [Problem(p.path, p.message + guess) for p in problems]
+    return problems
+
+
+def _missing_modules(adapter: AdapterSection, model, model_type: str) -> list[Problem]:
     import torch
 
     names = [name for name, _ in model.named_modules() if name]
