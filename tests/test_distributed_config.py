@@ -88,24 +88,53 @@ def test_an_explicit_find_unused_parameters_wins(write_recipe, tmp_path):
     assert "distributed.find_unused_parameters" in errors["train.ddp_find_unused_parameters"]
 
 
-def test_every_method_trains_on_two_processes_without_the_unused_parameter_search(write_recipe, tmp_path):
-    """DPO with a LoRA adapter runs its reference pass through the DDP-wrapped model (adapter off, no_grad): the
-    case where an unused parameter would show. It trains with find_unused_parameters=False (SFT full/LoRA, DPO
-    full, KTO, ORPO and GRPO were checked the same way; docs/distributed.md)."""
-    import torch
+EVERY_METHOD = """
+import json, sys, torch
+from ft.recipe import load_recipe
+from ft.run import ranks
+from ft.run.train import train
 
-    out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=2, per_device_train_batch_size=4)
-    recipe["method"] = "dpo"
-    recipe["adapter"] = {"kind": "lora", "r": 4}
-    recipe["data"] = {"train": [{"path": str(DATA / "preference.jsonl"), "format": "preference"}], "max_length": 64}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "ft",
-               "train", str(write_recipe(recipe))]
+done = {}
+for path in sys.argv[1:]:  # one method after another in the same two processes: torch and TRL imported once
+    loaded = load_recipe(path)
+    result = train(loaded, resume="never", say=lambda _: None)
+    out = loaded.recipe.train_args["output_dir"]
+    args = torch.load(f"{out}/final/training_args.bin", weights_only=False) if ranks.is_main() else None
+    done[loaded.recipe.method] = [result.status, args and args.world_size, args and args.ddp_find_unused_parameters]
+if ranks.is_main():
+    print("DONE " + json.dumps(done))
+"""
+FILES = {"chat": "train.jsonl", "preference": "preference.jsonl", "prompt": "prompts.jsonl"}
+
+
+def test_every_method_trains_on_two_processes_without_the_unused_parameter_search(write_recipe, tmp_path):
+    """Each method in METHODS trains two steps on two DDP processes, with find_unused_parameters=False. DPO has a
+    LoRA adapter: its reference pass runs through the DDP-wrapped model with the adapter off, where an unused
+    parameter would show. GRPO and RLOO start from a random model, so their reference is a snapshot each process
+    saves and TRL loads (transformers' save_pretrained writes from rank 0 alone: the other process found an empty
+    folder before)."""
+    from ft.recipe.methods import METHODS
+
+    paths = []
+    for method, entry in METHODS.items():
+        recipe = tiny_sft(tmp_path / method, max_steps=2, per_device_train_batch_size=4, eval_strategy="no")
+        recipe["method"] = method
+        fmt = entry.formats[0]
+        recipe["data"] = {"train": [{"path": str(DATA / FILES[fmt]), "format": fmt}], "max_length": 48}
+        if entry.generates:
+            recipe[method] = {"num_generations": 4, "rewards": [{"name": "numeric_match"}], "max_completion_length": 8}
+        if method == "dpo":
+            recipe["adapter"] = {"kind": "lora", "r": 4}
+        paths.append(str(write_recipe(recipe, name=f"{method}.yaml")))
+    script = tmp_path / "every_method.py"
+    script.write_text(EVERY_METHOD)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               *paths]
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    args = torch.load(out / "final" / "training_args.bin", weights_only=False)
-    assert args.world_size == 2 and args.ddp_find_unused_parameters is False
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("DONE ")]
+    assert json.loads(line.removeprefix("DONE ")) == {method: ["completed", 2, False] for method in METHODS}
 
 
 # --- FSDP ---------------------------------------------------------------------------------------------------------
@@ -191,6 +220,24 @@ def test_final_save_gathers_a_full_state_dict_under_sharded_fsdp():
     assert "FULL_STATE_DICT" in str(plugin.state_dict_type)  # the very test Trainer.save_model makes
     assert distributed.full_state_dict_for_final(trainer) is False  # already full
     assert distributed.full_state_dict_for_final(SimpleNamespace(is_fsdp_enabled=False)) is False
+
+
+def test_ft_train_asks_for_the_full_state_dict_right_before_it_saves_final(write_recipe, tmp_path, monkeypatch):
+    """The helper above is called by `ft train` itself, with the run's trainer, once training is over and before
+    final/ is written (FSDP itself runs on GPUs only: the GPU check, scripts/gpu_check.py, trains it for real)."""
+    from ft.run.train import train
+
+    calls, helper = [], distributed.full_state_dict_for_final
+
+    def seen(trainer):
+        calls.append((trainer.state.global_step, (tmp_path / "out" / "final").exists()))
+        return helper(trainer)
+
+    monkeypatch.setattr(distributed, "full_state_dict_for_final", seen)
+    train(load_recipe(write_recipe(tiny_sft(tmp_path / "out", eval_strategy="no"))), resume="never",
+          say=lambda _: None)
+    assert calls == [(4, False)]  # once, after the last of the 4 steps, before final/ exists
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
 
 
 FSDP_ERRORS = {

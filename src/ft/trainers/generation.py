@@ -17,7 +17,9 @@ class GenerationRounds:
     ``reference_snapshot``: the KL term's reference model is a copy of the start model. TRL loads it from the
     policy's ``config._name_or_path``, which holds no weights TRL can read when the model was built from its config
     (``model.init: random``) or taken from a GGUF file (``snapshot_reference``); then the start model is saved to a
-    temporary directory that TRL loads it from.
+    temporary directory that TRL loads it from, by every process (transformers' ``save_pretrained`` writes from rank 0
+    alone, which would leave the other processes' directories empty: the config and the weights are written here with
+    the functions it calls, on every rank).
     """
 
     def __init__(self, model, *args, reference_snapshot: bool = False, **kwargs):
@@ -28,7 +30,7 @@ class GenerationRounds:
             return
         name = model.config._name_or_path
         with tempfile.TemporaryDirectory(prefix="ft-reference-") as start:
-            model.save_pretrained(start)
+            _save_on_this_rank(model, start)
             model.config._name_or_path = start  # TRL loads the reference from here, within __init__
             try:
                 super().__init__(model, *args, **kwargs)
@@ -53,6 +55,17 @@ class GenerationRounds:
             self._ft_count(padded, inputs["prompt_mask"].sum() + inputs["completion_mask"].sum(),
                            len(inputs["prompt_ids"]))
         return inputs
+
+
+def _save_on_this_rank(model, folder: str) -> None:
+    """The model's config and weights in ``folder`` as ``from_pretrained`` reads them, written by this process whatever
+    its rank (shared tensors, such as tied embeddings, stored once as ``save_pretrained`` stores them)."""
+    from pathlib import Path
+
+    from safetensors.torch import save_model
+
+    model.config.save_pretrained(folder)
+    save_model(model, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
 
 
 def snapshot_reference(recipe: Recipe) -> bool:
