@@ -83,9 +83,13 @@ def test_trackio_keeps_its_local_store_under_the_output_dir(write_recipe, tmp_pa
     assert store.is_file(), sorted(str(p) for p in out.rglob("*"))
     with sqlite3.connect(store) as db:
         rows = db.execute("SELECT run_name, metrics FROM metrics ORDER BY id").fetchall()
-    losses = [json.loads(metrics)["train/loss"] for run_name, metrics in rows
-              if run_name == "tiny-trackio" and "train/loss" in json.loads(metrics)]
-    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    written = [(values["train/global_step"], values["train/loss"]) for run_name, metrics in rows
+               if run_name == "tiny-trackio" and "train/loss" in (values := json.loads(metrics))]
+    history = json.loads((out / "log_history.json").read_text())
+    logged = [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+    assert len(logged) == 2  # each of the 2 steps, as the run logged it
+    assert [step for step, _ in written] == [step for step, _ in logged]
+    assert [loss for _, loss in written] == pytest.approx([loss for _, loss in logged], rel=1e-6)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here: nothing to refuse")
