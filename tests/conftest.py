@@ -18,6 +18,17 @@ ASSETS = ROOT / "assets" / "tiny-llama"
 DATA = ROOT / "data" / "arithmetic"
 
 
+# session fixtures that train a model or read the real one: every test that uses one is marked slow (the quick lane,
+# `pytest -m "not slow"`, would otherwise pay for the training in whichever of its tests asks first)
+TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lora_merged", "smollm2"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINING_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
+
 def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
            env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """Run the real ``ft`` command in a subprocess (exit codes and stderr are part of the contract). ``env`` changes

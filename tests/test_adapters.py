@@ -154,6 +154,7 @@ def test_tokenizer_fixups_are_said_and_new_rows_are_saved_with_the_adapter(write
     assert rows and rows[0].shape[0] == 1  # the new row travels with the adapter
 
 
+@pytest.mark.slow
 def test_a_quantized_base_trains_a_full_copy_beside_its_adapter_without_mixed_precision(write_recipe, tmp_path):
     """An Axolotl 8-bit LoRA config with `lora_modules_to_save: [embed_tokens, lm_head]`, rehearsed on the CPU (no
     bf16): TRL casts the trainable weights of a quantized model to bfloat16 for autocast to meet, and without autocast

@@ -12,6 +12,8 @@ from conftest import ROOT, tiny_sft
 from ft.model.bnb_import import uses_bitsandbytes
 from ft.recipe import load_recipe
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 pytest.importorskip("bitsandbytes")
 
 COMPILER = "torch._inductor.compile_fx"

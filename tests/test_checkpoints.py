@@ -187,6 +187,7 @@ def _stop(command, out, env, at_step: int, signum=signal.SIGTERM) -> tuple[subpr
     return process, stderr
 
 
+@pytest.mark.slow
 def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     (tmp_path / "step_log.py").write_text(STEP_LOG)
@@ -238,6 +239,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     assert "--resume never" in again.stderr
 
 
+@pytest.mark.slow
 def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     out = tmp_path / "out"
@@ -268,6 +270,7 @@ def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, t
     assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(checkpoint)
 
 
+@pytest.mark.slow
 def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp_path):
     """ft's SIGTERM watch passes the signal on: with nothing to save, the process ends at once, as without ft."""
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
@@ -303,6 +306,7 @@ def _cut(path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
                                   "trainer_state.json"])
 def test_each_file_resuming_reads_is_checked_to_read_back(saved_run, tmp_path, name):
@@ -327,6 +331,7 @@ def test_a_flipped_byte_in_a_torch_archive_fails_its_checksum(saved_run, tmp_pat
     assert [name for name, _ in unreadable_files(checkpoint)] == ["optimizer.pt"]
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_one_before(saved_run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(saved_run, out)

@@ -51,6 +51,7 @@ def test_yaml_syntax_error_names_line(write_recipe):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_data_file_exits_2_before_training(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out")
     recipe["data"]["train"][0]["path"] = "no/such/file.jsonl"
@@ -93,6 +94,7 @@ def test_output_dir_defaults_next_to_cwd_by_recipe_name(write_recipe, tmp_path):
     assert yaml.safe_load(result.stdout)["train"]["output_dir"] == str(Path("runs") / "my-run")
 
 
+@pytest.mark.slow
 def test_an_unexpected_failure_is_one_paragraph_with_the_traceback_in_error_log(write_recipe, tmp_path):
     (tmp_path / "exploding.py").write_text(
         "from transformers import TrainerCallback\n\n"

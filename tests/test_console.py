@@ -16,6 +16,8 @@ from conftest import DATA, run_ft, tiny_sft
 from ft.run import notices
 from ft.trainers.console import ConsoleCallback, format_log, install, wants_bar
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 STEPS, EVAL_STEPS = 4, 2
 TRAIN_LINE = re.compile(r"^step +(\d+)/(\d+)  loss (\S+)  lr (\S+)  grad (\S+)  acc (\S+)  tok/s (\S+)$")
 EVAL_LINE = re.compile(r"^step +(\d+)/(\d+)  eval  loss (\S+)  acc (\S+)$")

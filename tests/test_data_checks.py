@@ -67,6 +67,7 @@ def test_a_template_that_writes_nothing_after_an_answer_is_warned_with_the_count
     assert "data.chat_template" in warning and "data.on_missing_stop: error" in warning
 
 
+@pytest.mark.slow
 def test_on_missing_stop_error_refuses_the_data_before_training(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out")
     recipe["data"].update(train=[{"path": str(_arithmetic(tmp_path)), "format": "chat"}], eval=[],

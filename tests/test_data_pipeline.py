@@ -46,6 +46,7 @@ def _prepare(path, messages=None, **kwargs):
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say, **kwargs)
 
 
+@pytest.mark.slow
 def test_preprocess_writes_tokens_masks_and_length_column(workdir, write_recipe):
     path = _recipe(workdir, write_recipe)
     result = run_ft("preprocess", str(path), "--set", "train.length_column_name=n_tokens")
@@ -105,6 +106,7 @@ def test_a_changed_max_length_invalidates_but_packing_does_not(workdir, write_re
     assert any("stale" in m and "data settings" in m for m in messages), messages
 
 
+@pytest.mark.slow
 def test_require_prepared_refuses_a_stale_cache(workdir, write_recipe):
     path = _recipe(workdir, write_recipe, require_prepared=True)
     result = run_ft("train", str(path))
@@ -218,6 +220,7 @@ def test_packing_feeds_whole_rows_back_to_back_that_do_not_attend_to_each_other(
             assert not torch.allclose(running[start:end], alone, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_bad_rows_and_truncation_are_counted_in_the_summary(write_recipe, tmp_path):
     rows = (DATA / "train.jsonl").read_text().splitlines()[:40]
     rows += ["{not json", json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
@@ -237,6 +240,7 @@ def test_bad_rows_and_truncation_are_counted_in_the_summary(write_recipe, tmp_pa
     assert "skipped 2 rows" in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_rows_stop_the_run_by_default_naming_file_and_line(write_recipe, tmp_path):
     rows = (DATA / "train.jsonl").read_text().splitlines()[:5]
     rows.insert(3, json.dumps({"messages": [{"role": "narrator", "content": "x"}]}))

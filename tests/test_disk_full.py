@@ -14,6 +14,8 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 QUICK = ("--set train.max_steps=40 --set train.save_steps=10 --set train.save_total_limit=1 "
          "--set train.eval_strategy=\"'no'\" --set train.eval_on_start=false --set data.eval_exact_match=null "
          "--set train.report_to=none")

@@ -107,6 +107,7 @@ if ranks.is_main():
 FILES = {"chat": "train.jsonl", "preference": "preference.jsonl", "prompt": "prompts.jsonl"}
 
 
+@pytest.mark.slow
 def test_every_method_trains_on_two_processes_without_the_unused_parameter_search(write_recipe, tmp_path):
     """Each method in METHODS trains two steps on two DDP processes, with find_unused_parameters=False. DPO has a
     LoRA adapter: its reference pass runs through the DDP-wrapped model with the adapter off, where an unused
@@ -222,6 +223,7 @@ def test_final_save_gathers_a_full_state_dict_under_sharded_fsdp():
     assert distributed.full_state_dict_for_final(SimpleNamespace(is_fsdp_enabled=False)) is False
 
 
+@pytest.mark.slow
 def test_ft_train_asks_for_the_full_state_dict_right_before_it_saves_final(write_recipe, tmp_path, monkeypatch):
     """The helper above is called by `ft train` itself, with the run's trainer, once training is over and before
     final/ is written (FSDP itself runs on GPUs only: the GPU check, scripts/gpu_check.py, trains it for real)."""
@@ -283,6 +285,7 @@ with open(os.path.join(sys.argv[2], "rank-" + os.environ["RANK"]), "w") as out:
 """
 
 
+@pytest.mark.slow
 def test_accelerate_drops_fsdp_for_cpu_processes(tmp_path):
     """Why ft refuses FSDP on CPU processes: accelerate gives them MULTI_CPU and no FSDP plugin, so the Trainer
     would train plain DDP. If a later accelerate shards CPU processes, this fails: lift the refusal then."""

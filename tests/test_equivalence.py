@@ -13,6 +13,8 @@ import torch
 from conftest import ASSETS, built_trainer, final_weights, run_ft, tiny_sft
 from test_preference import preference_recipe
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 
 def _uneven_chats(path, rows: int = 64) -> None:
     """Chats whose answers run from 1 to about 60 tokens: the trained tokens per row differ by a factor of ~50, so a

@@ -15,6 +15,8 @@ from ft.inference.exact_match import HeldOut, exact_match, held_out_rows, report
 from ft.outputs.summary import headline
 from ft.recipe import RecipeError, load_recipe
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 # Measured on 2 CPU cores (2026-12-03). conftest's sft_model (the quickstart stopped at 700 of 1200 steps, seed 0)
 # answers 0.53-0.64 of the 200 held-out sums by machine (the CPU's kernels change the 700 steps' sums); 700 steps
 # sit on the steep part of the curve, so the threshold keeps a wide margin. The quickstart GRPO recipe from that

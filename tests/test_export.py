@@ -190,6 +190,7 @@ def test_the_tokenizer_read_back_encodes_the_data_and_renders_chats_the_same(sft
     assert [read.convert_tokens_to_ids(t) for t in specials] == [source.convert_tokens_to_ids(t) for t in specials]
 
 
+@pytest.mark.slow
 def test_an_adapter_run_exports_the_same_bytes_as_its_merged_model(full_run, lora_run, lora_merged, tmp_path):
     """conftest's LoRA run (on the query and value projections, which llama.cpp's layout reorders) and its merge."""
     result = run_ft("export", str(lora_run), "--gguf", str(tmp_path / "run.gguf"), "--quant", "q8_0")
@@ -250,6 +251,7 @@ def _small_disk() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
 
+@pytest.mark.slow
 def test_a_write_that_fails_half_way_leaves_no_file(families, tmp_path):
     import subprocess
     import sys

@@ -167,6 +167,7 @@ def test_the_throughput_model_is_about_half_a_billion_parameters():
     assert 0.4e9 < blocks + 2 * vocab * h < 0.6e9
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_without_cuda_both_entry_points_exit_3_with_the_reason():
     import torch

@@ -172,6 +172,7 @@ RECORDING_REWARD = """
 """
 
 
+@pytest.mark.slow
 def test_generation_round_batches_and_user_reward_end_to_end(write_recipe, tmp_path):
     """per_device_train_batch_size 4 × steps_per_generation 8: one round generates 32 completions (4 prompts ×
     8 generations) and serves 8 optimizer steps, so 16 steps call the reward twice, with 32 completions each."""
@@ -222,6 +223,7 @@ def test_train_dataloader_yields_one_generation_round_and_reference_model(write_
 # --- learning -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grpo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_model):
     """The SFT model's sampled answers are even numbers about half the time (as the sums are: the reward's rate
     does not hang on how well the model adds); rewarded for even answers alone, a short run earns the reward almost

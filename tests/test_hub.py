@@ -153,6 +153,7 @@ def _found_in(path, secrets: dict[str, bytes]) -> list[str]:
     return [name for name, secret in secrets.items() if any(secret in blob for blob in blobs)]
 
 
+@pytest.mark.slow
 def test_no_token_or_secret_reaches_any_file_of_the_run_its_output_or_the_hub(write_recipe, tmp_path, fake_hub):
     """A real push (to the local stand-in for the Hub) of every save and the last checkpoint: the token is read and
     sent (in the Authorization header), and no secret is in any file written here or uploaded."""

@@ -15,6 +15,8 @@ from collections import Counter
 import pytest
 from conftest import hub_env, run_ft, tiny_sft
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 TOKEN = "hf_pushPlanted0123456789abcdef"
 REPO = "someone/tiny-run"
 

@@ -137,6 +137,7 @@ def _cache(tmp_path, repo: str) -> None:
     (folder / "refs" / "main").write_text(commit)
 
 
+@pytest.mark.slow
 def test_a_cached_model_and_no_hub_say_set_offline_and_offline_it_trains(write_recipe, tmp_path):
     _cache(tmp_path, "org/cached")
     path = _recipe(write_recipe, tmp_path, "org/cached")

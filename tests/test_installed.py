@@ -55,6 +55,7 @@ def test_the_wheel_carries_the_package_data(installed):
             "config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"}, family
 
 
+@pytest.mark.slow
 def test_installed_ft_validates_prints_its_schema_and_smoke_tests_a_shipped_recipe_outside_the_repository(
         installed, tmp_path):
     outside = tmp_path / "elsewhere"

@@ -14,11 +14,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, run_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, signal_at_step, steps_by_run
 
 from ft.outputs.checkpoints import complete_checkpoints
 from ft.run.launch import rank_argv
+
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
 
 ENV = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
 

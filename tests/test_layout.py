@@ -242,6 +242,7 @@ print("ok")
 '''
 
 
+@pytest.mark.slow
 def test_a_new_method_entry_reaches_every_table():
     """A method added to METHODS alone (before the consumers are imported) is known to summary.json's headline, the
     console line, ft plan and the importer, with no other file edited."""

@@ -16,6 +16,8 @@ import pytest
 import torch
 from conftest import ASSETS, DATA, run_ft
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 OWN_TEMPLATE = ("{% for message in messages %}{{ message['role'][0] | upper }}: {{ message['content'] }}\n"
                 "{% endfor %}")
 

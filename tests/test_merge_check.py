@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import run_ft, tiny_sft
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 
 def _run(write_recipe, tmp_path, quantization: dict | None):
     recipe = tiny_sft(tmp_path / "run", max_steps=8)

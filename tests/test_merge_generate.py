@@ -60,6 +60,7 @@ def test_merged_dir_is_a_plain_model_with_the_runs_tokenizer(lora_run, lora_merg
     assert merged.get_vocab() == saved.get_vocab()
 
 
+@pytest.mark.slow
 def test_merge_rebuilds_a_random_init_base_exactly(random_lora_run, tmp_path):
     """The base of an `init: random` run has no weights on disk; merge rebuilds it from recipe.yaml's model section and
     seed. Proof it is the base the run trained on: the merged model scores the run's own final eval loss."""
@@ -101,6 +102,7 @@ def test_merge_in_another_dtype(random_lora_run, tmp_path):
 SUMS = [f"What is {a} + {b}?" for a, b in [(12, 7), (40, 9), (3, 5), (77, 8), (25, 6), (61, 2), (90, 4), (8, 8)]]
 
 
+@pytest.mark.slow
 def test_generate_adapter_run_and_its_merge_write_the_same_greedy_text(full_run, lora_run, lora_merged, tmp_path):
     """The adapter run through `ft generate` (base + adapter through PEFT), the merged folder and the base (the full
     run the adapter trained on) through the same code in this process. The adapter changed the answers: a generate
@@ -120,6 +122,7 @@ def test_generate_adapter_run_and_its_merge_write_the_same_greedy_text(full_run,
     assert changed >= len(SUMS) // 2, list(zip(adapter, base, strict=True))
 
 
+@pytest.mark.slow
 def test_every_prompt_given_is_answered_in_order(full_run):
     """`--prompt A --prompt B` once printed only B's completion: each is answered, in order, as alone."""
     pair = [SUMS[0], SUMS[2]]  # answered differently by this model: the order shows
@@ -130,6 +133,7 @@ def test_every_prompt_given_is_answered_in_order(full_run):
     assert "gemm_4bit_forward" not in both.stderr and "FutureWarning" not in both.stderr  # ft train's hygiene
 
 
+@pytest.mark.slow
 def test_generate_from_a_full_run_prompt_and_file(full_run, tmp_path):
     single = run_ft("generate", str(full_run), "--prompt", PROMPT, "--max-new-tokens", TOKENS)
     assert single.returncode == 0, single.stderr[-3000:]
@@ -183,6 +187,7 @@ def test_missing_directories_and_bad_arguments_are_refused(lora_run, tmp_path):
     assert f"{bad}:2" in _refused("generate", str(lora_run), "--file", str(bad))
 
 
+@pytest.mark.slow
 def test_a_bare_adapter_of_a_random_init_base_cannot_be_rebuilt(random_lora_run, tmp_path):
     adapter = tmp_path / "adapter"
     shutil.copytree(random_lora_run / "final", adapter)

@@ -85,6 +85,7 @@ def test_every_section_setting_reaches_the_trl_config(write_recipe, tmp_path, me
         assert config.reward_weights == [0.75, 0.25]  # grpo.rewards[].weight
 
 
+@pytest.mark.slow
 def test_only_the_chosen_methods_module_imports_trl():
     code = ("import sys, ft.run.train, ft.trainers.build\n"
             "assert not any(m == 'trl' or m.startswith('trl.') for m in sys.modules), 'trl imported early'\n"

@@ -10,10 +10,13 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, assert_same_final_weights, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, sigterm_once_started, steps_by_run
 
 from ft.outputs.checkpoints import complete_checkpoints
+
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
 
 
 def _torchrun(recipe_path) -> list[str]:

@@ -64,6 +64,7 @@ def test_an_optimizer_class_of_your_own_trains_with_its_kwargs_and_the_recipes_l
     assert result.summary["last_train_loss"] < result.summary["first_train_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer, key, words", [
     ({"class": "torch.optim.Nope"}, "optimizer.class", "has no `Nope`"),
     ({"class": "collections.OrderedDict"}, "optimizer.class", "not a torch.optim.optimizer.Optimizer subclass"),
@@ -143,6 +144,7 @@ def test_a_scheduler_class_of_your_own_gets_the_total_steps_and_follows_its_form
         assert watch.lrs[step - 1][0] == pytest.approx(one_cycle(step), rel=1e-9), step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, direction", [("min", 1), ("max", -1)])
 def test_greedy_lr_moves_with_the_eval_metric(write_recipe, tmp_path, mode, direction):
     """GreedyLR (patience 0) divides the learning rate by its factor after an evaluation that improved the metric and

@@ -77,6 +77,7 @@ class _Start:
         return Start()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_optimizer_trains_on_cpu_or_is_refused_before_the_model_loads(name, write_recipe, tmp_path,
                                                                              monkeypatch):

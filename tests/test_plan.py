@@ -150,6 +150,7 @@ def test_layer_formula_equals_what_torch_saves_for_backward(tmp_path, case):
     assert saved[3] - saved[2] == layer_bytes(shape, setup, 1) * batch * length + copies
 
 
+@pytest.mark.slow
 def test_too_small_gpu_gets_changes_that_each_fit(tmp_path, wide):
     path = _recipe(tmp_path, wide)
     needed = _estimate(path).total
@@ -169,6 +170,7 @@ def test_too_small_gpu_gets_changes_that_each_fit(tmp_path, wide):
         assert again.estimate.total == pytest.approx(suggestion.estimate.total)
 
 
+@pytest.mark.slow
 def test_json_output_and_no_gpu_here(tmp_path, wide):
     path = _recipe(tmp_path, wide)
     shown = run_ft("plan", str(path), "--json", "--gpus", "2", "--gpu-memory", "80GiB")
@@ -182,6 +184,7 @@ def test_json_output_and_no_gpu_here(tmp_path, wide):
         assert plain.returncode == 0 and "--gpu-memory" in plain.stdout
 
 
+@pytest.mark.slow
 def test_a_missing_model_is_one_paragraph_naming_model_name(tmp_path):
     path = _recipe(tmp_path, tmp_path / "no-such-model")
     result = run_ft("plan", str(path), "--gpu-memory", "24GB", env={"HF_HUB_OFFLINE": "1"})
@@ -213,6 +216,7 @@ RUN = {"max_steps": 2, "save_strategy": "no", "report_to": "none", "eval_strateg
        "enable_jit_checkpoint": False, "gradient_checkpointing": False}
 
 
+@pytest.mark.slow
 def test_estimate_matches_the_peak_memory_of_a_real_cpu_run(tmp_path):
     """Two SFT steps of an 18M-parameter Llama (vocabulary 32000: the logits dominate, as in small models)."""
     model = _model(tmp_path, **SMALL_WIDE)
@@ -223,6 +227,7 @@ def test_estimate_matches_the_peak_memory_of_a_real_cpu_run(tmp_path):
     assert 0.85 <= est.total / measured <= 1.15, (est.total / MiB, measured / MiB)
 
 
+@pytest.mark.slow
 def test_a_reward_models_estimate_has_a_score_head_and_matches_a_real_cpu_run(tmp_path):
     """A reward model: a score per position instead of 32000 logits, so the peak is a fraction of SFT's (it is in the
     optimizer step), and the estimate follows it (it once counted the LM head's logits). The model is four layers of

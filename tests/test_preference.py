@@ -67,6 +67,7 @@ def _same_weights(module, reference: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(state[name], tensor) for name, tensor in reference.items())
 
 
+@pytest.mark.slow
 def test_dpo_raises_the_reward_margin_against_a_frozen_copy(sft_model, write_recipe, tmp_path, train_keeping_trainer):
     # 64 pairs, 4 batches of 16, 8 epochs, one log line per epoch: the reward margin (chosen minus rejected
     # implicit reward, averaged over the epoch) must climb. (The held-out margin does not move in so short a run.)
@@ -113,6 +114,7 @@ def test_missing_ref_model_is_a_model_load_error(write_recipe, tmp_path):
         ft.run.train.train(load_recipe(write_recipe(recipe)), resume="never", say=lambda _: None)
 
 
+@pytest.mark.slow
 def test_lora_dpo_uses_the_base_as_reference_and_beta_reaches_the_trainer(write_recipe, tmp_path,
                                                                           train_keeping_trainer):
     from peft import PeftModel
@@ -136,6 +138,7 @@ def test_beta_under_train_points_at_the_dpo_section(write_recipe, tmp_path):
     assert "train.beta" in result.stderr and "dpo.beta" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["kto", "orpo"])
 def test_kto_and_orpo_train_end_to_end(method, write_recipe, tmp_path):
     out = tmp_path / "out"

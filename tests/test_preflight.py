@@ -15,6 +15,8 @@ import pytest
 from conftest import ASSETS, DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
 from test_preference import preference_recipe
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 TIMING = {"tokens_per_second", "step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second",
           "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "peak_memory_gb"}
 

@@ -10,6 +10,8 @@ import torch
 from conftest import run_ft
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):

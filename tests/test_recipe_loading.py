@@ -116,6 +116,7 @@ def test_secrets_are_redacted_in_the_resolved_recipe(write_recipe, tmp_path):
     assert yaml.safe_load(text)["train"]["push_to_hub"] is False
 
 
+@pytest.mark.slow
 def test_training_writes_the_redacted_recipe(write_recipe, tmp_path):
     out = tmp_path / "out"
     (tmp_path / "my_callbacks.py").write_text("from transformers import TrainerCallback\n\n\n"

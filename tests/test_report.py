@@ -21,6 +21,8 @@ from test_checkpoints import SLOW_STEPS, hold_at, signal_at_step
 from ft.outputs import plots
 from ft.outputs.checkpoints import complete_checkpoints, previous_run
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 EXPLODE = """
 from transformers import TrainerCallback
 

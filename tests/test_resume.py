@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from conftest import run_ft, tiny_sft
 from safetensors.torch import load_file
 from test_checkpoints import assert_same_final_weights
 
 from ft.outputs.checkpoints import complete_checkpoints, resume_command
 from ft.run.drift import differences, is_harmless
+
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
 
 
 def test_drift_keys_are_told_apart_from_harmless_ones():

@@ -15,6 +15,8 @@ import pytest
 import torch
 from conftest import ASSETS, DATA, run_ft, tiny_sft
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 REFUSAL = [{"role": "assistant", "content": "I am not able to work that out."}]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import DATA, built_trainer, logged_rewards, run_ft
 
 
@@ -21,6 +22,7 @@ def _recipe(output_dir, model, **train) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_rloo_raises_the_reward_of_the_sft_model(write_recipe, tmp_path, sft_model):
     """As GRPO's test: the SFT model's sampled answers are even about half the time; rewarded for even answers
     alone, RLOO's leave-one-out advantages push the policy to them. Measured on 2 cores (seed 0): see the asserts."""

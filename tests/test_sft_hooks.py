@@ -141,6 +141,7 @@ def test_early_stopping_stops_early(write_recipe, tmp_path):
     assert result.status == "completed"
 
 
+@pytest.mark.slow
 def test_token_accuracy_and_perplexity_are_computed_per_batch(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out", max_steps=60, eval_strategy="steps", eval_steps=30, eval_on_start=True,
                       per_device_train_batch_size=16)
@@ -164,6 +165,7 @@ def test_perplexity_is_exp_of_the_eval_loss(write_recipe, tmp_path):
         assert math.isclose(evaluation["eval_perplexity"], math.exp(evaluation["eval_loss"]), rel_tol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reference, code, words", [
     ("no_such_module:fn", None, "no module `no_such_module`"),
     ("losses_b:sumed", "def summed(outputs, labels, num_items_in_batch):\n    return 0\n", "Did you mean 'summed'"),
@@ -183,6 +185,7 @@ def test_unusable_loss_exits_2_naming_the_key(write_recipe, tmp_path, reference,
     assert not (tmp_path / "out").exists()  # refused before anything was loaded or written
 
 
+@pytest.mark.slow
 def test_a_callback_that_is_not_a_trainer_callback(write_recipe, tmp_path):
     _module(tmp_path, "callbacks_b", "class Plain:\n    pass\n")
     recipe = tiny_sft(tmp_path / "out")

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import DATA, ROOT, run_ft, tiny_sft
 
+pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
+
 RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
 FAMILY = {"qwen2-qlora.yaml": "qwen2", "mistral-dpo.yaml": "mistral", "gemma-sft.yaml": "gemma"}  # else llama
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

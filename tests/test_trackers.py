@@ -70,6 +70,7 @@ def test_tracker_directories_are_set_only_while_building_and_never_over_the_user
     assert "TENSORBOARD_LOGGING_DIR" not in os.environ and os.environ["TRACKIO_DIR"] == str(tmp_path / "mine")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trackio") is None, reason="trackio is not installed (ft[track])")
 def test_trackio_keeps_its_local_store_under_the_output_dir(write_recipe, tmp_path):
     """trackio runs offline: its store is one SQLite file per project (``<project>.db``), here the default project

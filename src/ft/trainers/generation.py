@@ -59,12 +59,16 @@ class GenerationRounds:
 
 def _save_on_this_rank(model, folder: str) -> None:
     """The model's config and weights in ``folder`` as ``from_pretrained`` reads them, written by this process whatever
-    its rank (shared tensors, such as tied embeddings, stored once as ``save_pretrained`` stores them)."""
+    its rank (shared tensors, such as tied embeddings, stored once as ``save_pretrained`` stores them; the config names
+    the model's class, which TRL reads to pick the class it loads)."""
+    import copy
     from pathlib import Path
 
     from safetensors.torch import save_model
 
-    model.config.save_pretrained(folder)
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]  # as save_pretrained records it
+    config.save_pretrained(folder)
     save_model(model, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
 
 
