@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+# one thread per process, in this process and every ft it starts (set before torch is imported): the tests' models are
+# tiny and gain nothing from more, and the suite runs two test processes on two cores (pytest -n 2), where torch's
+# two threads each measured half the speed of one
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import yaml
@@ -104,13 +111,36 @@ def tiny_sft(output_dir: Path, **train) -> dict:
 def sft_model(tmp_path_factory) -> Path:
     """A tiny model that has learned the arithmetic chats half way (the quickstart shortened to 700 of its 1200
     steps: about half of the held-out sums right, where the full run gets 0.90-0.99): the natural starting point for
-    DPO and GRPO tests, with room left to improve. Trained once per test session through the real CLI."""
-    out = tmp_path_factory.mktemp("sft-start") / "run"
+    DPO and GRPO tests, with room left to improve. Trained once per test session through the real CLI (with pytest -n,
+    by the first worker that asks; the others wait for it and read the same folder)."""
+    with shared_once(tmp_path_factory, "sft-start") as (folder, done):
+        out = folder / "run"
+        if not done:
+            _train_sft_start(out)
+    return out / "final"
+
+
+def _train_sft_start(out: Path) -> None:
     result = run_ft("train", "recipes/quickstart.yaml", "--set", f"train.output_dir={out}",
                     "--set", "train.max_steps=700", "--set", "train.eval_on_start=false",
                     "--set", "train.eval_strategy='no'", "--set", "train.save_strategy='no'")
     assert result.returncode == 0, result.stderr[-3000:]
-    return out / "final"
+
+
+@contextmanager
+def shared_once(tmp_path_factory, name: str):
+    """(folder, done): a folder all the session's test processes share (pytest -n: its workers), held under a file lock
+    while the caller fills it; ``done`` is True when an earlier holder already did (marked by a file ``done``)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder = root / f"shared-{name}"
+    folder.mkdir(exist_ok=True)
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = (folder / "done").exists()
+        yield folder, done
+        (folder / "done").touch()
 
 
 def final_weights(run: Path) -> dict:
