@@ -240,6 +240,7 @@ def smoke_step(recipe: Path) -> Step:
 def build_steps() -> list[Step]:
     steps = [
         train_step("bf16", 90, "bf16 training of the quickstart, 20 steps", "train.bf16=true"),
+        jit_step(1),  # what preemptible GPUs need most, right after plain training
         train_step("qlora-4bit", 120, "4-bit QLoRA (NF4) of the quickstart on the GPU, 20 steps",
                    "model.quantization.bits=4", "adapter.kind=lora", requires=("bitsandbytes",), bits=4),
         train_step("qlora-8bit", 120, "8-bit (LLM.int8) QLoRA of the quickstart on the GPU, 20 steps",
@@ -261,6 +262,7 @@ def build_steps() -> list[Step]:
                            _path(work, "throughput", "recipe.yaml"), "--result",
                            _path(work, "throughput", "result.json")],
              check_throughput, prepare=lambda work: prepare_throughput(work), clean=("throughput",)),
+        jit_step(2),
     ]
     for name, sets in OPTIMIZERS.items():
         steps.append(train_step(f"optim-{name}", 90, f"optimizer `{name}` on the quickstart, 20 steps",
@@ -370,6 +372,159 @@ def throughput_worker(recipe: str, result: str, sets: list[str], warmup: int) ->
     Path(result).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
     return 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# JIT checkpointing: SIGTERM mid-training, a checkpoint, and the same command resuming
+
+JIT = {"max_steps": 400, "hold_at": 20}
+HOLD_AT = """
+import signal
+import sys
+import time
+
+from transformers import TrainerCallback
+
+
+class HoldAt(TrainerCallback):
+    \"\"\"At step `step`, says so on stderr (the check sends SIGTERM when it reads it) and waits for the signal to land;
+    from then on each step lasts at least 50 ms, so that the run cannot end before ft stops it (ft waits
+    transformers' kill_wait, a few seconds, after the signal). Only the first process speaks.\"\"\"
+
+    def __init__(self, step):
+        self.step, self.signalled = step, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        watch = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # ft's StopWatch, the handler's owner
+        if state.global_step == self.step:  # not in the resumed run, which starts past it
+            self.signalled = True
+            if args.process_index == 0:
+                print(f"jit-check: at step {state.global_step}", file=sys.stderr, flush=True)
+        if self.signalled:
+            while getattr(watch, "received", None) is None:
+                time.sleep(0.01)
+            time.sleep(0.05)
+"""
+
+
+def prepare_jit(work: str, processes: int = 1) -> Path:
+    """The JIT step's recipe (the quickstart, bf16 on CUDA, no evaluation, no scheduled saves) and its hold callback,
+    in <workdir>/jit[-N]/; returns the recipe's path."""
+    folder = _abs(_path(work, "jit" if processes == 1 else f"jit-{processes}"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hold_at.py").write_text(HOLD_AT)
+    # the base's input paths written out: `extends` reads them relative to this file, not the base's (a known gap)
+    recipe = {"extends": str(ROOT / QUICKSTART),
+              "callbacks": [{"cls": "hold_at:HoldAt", "kwargs": {"step": JIT["hold_at"]}}],
+              "model": {"name": str(ROOT / "assets" / "tiny-llama")},
+              "data": {"train": [{"path": str(ROOT / "data" / "arithmetic" / "train.jsonl"), "format": "chat"}],
+                       "eval": None, "eval_exact_match": None},
+              "train": {"output_dir": str(folder / "run"), "max_steps": JIT["max_steps"], "logging_steps": 10,
+                        "eval_strategy": "no", "eval_on_start": False, "save_strategy": "no",
+                        "bf16": _cuda()}}  # the check's own CPU test runs it in float32
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def jit_worker(recipe: str, result: str, processes: int) -> int:
+    """Run `ft train RECIPE` (on ``processes`` GPUs), send SIGTERM when it reports the hold step, time the stop, check
+    what it left, then run the same command again and check that it resumed from the checkpoint and completed;
+    writes the findings to ``result`` (JSON) for ``check_jit``."""
+    import torch
+
+    from ft.outputs.checkpoints import complete_checkpoints
+
+    found: dict = {"processes": processes}
+    if processes > 1 and torch.cuda.device_count() < processes:
+        found["skipped"] = f"{torch.cuda.device_count()} GPU(s) visible; this variant needs {processes}"
+        Path(result).write_text(json.dumps(found, indent=2) + "\n")
+        return 0
+    command = [sys.executable, "-m", "ft", "train", recipe, *(["--num-processes", str(processes)] * (processes > 1))]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    out = Path(recipe).parent / "run"
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    for line in proc.stderr:  # until the run says it reached the hold step
+        lines.append(line)
+        if line.startswith("jit-check: at step"):
+            break
+    signalled = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler stops the job: every process of the group
+    lines += proc.stderr.readlines()
+    proc.wait()
+    found.update(stop_seconds=round(time.monotonic() - signalled, 2), first_exit=proc.returncode,
+                 first_tail="".join(lines[-6:]))
+    saved = complete_checkpoints(out)
+    found["checkpoint"] = saved[-1].name if saved else None
+    found["final_after_stop"] = (out / "final").exists()
+    if saved:
+        rng = sorted(saved[-1].glob("rng_state*.pth"))
+        states = [torch.load(path, weights_only=False) for path in rng]
+        found["rng_files"] = len(rng)
+        found["cuda_rng"] = bool(states) and all(state.get("cuda") is not None for state in states)
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    found.update(second_exit=again.returncode, resumed_from=summary.get("resumed_from"),
+                 final_steps=summary.get("steps"), final_status=summary.get("status"),
+                 final=(out / "final").is_dir(), second_tail=again.stderr[-600:])
+    Path(result).write_text(json.dumps(found, indent=2) + "\n")
+    print(json.dumps(found))
+    return 0
+
+
+def check_jit(processes: int = 1, on_gpu: bool = True):
+    """PASS when the stopped run exited 143 with a complete checkpoint (CUDA RNG state in it, ``on_gpu``) and no
+    final/, and the same command resumed from that checkpoint and completed every step."""
+
+    def check(work: str, proc: Proc) -> tuple:
+        if proc.rc != 0:
+            return FAIL, f"the JIT worker exited {proc.rc}: {_last_lines(proc.stderr or proc.stdout)}"
+        name = "jit" if processes == 1 else f"jit-{processes}"
+        found = json.loads(_abs(_path(work, name, "result.json")).read_text())
+        if found.get("skipped"):
+            return SKIP, found["skipped"], found
+        problems = []
+        if found["first_exit"] != 143:
+            problems.append(f"the stopped run exited {found['first_exit']}, not 143")
+        if not found["checkpoint"]:
+            problems.append("no complete checkpoint")
+        if found["final_after_stop"]:
+            problems.append("final/ written by the stopped run")
+        if on_gpu and not found.get("cuda_rng"):
+            problems.append("the checkpoint holds no CUDA RNG state")
+        if found["second_exit"] != 0 or found["final_status"] != "completed" or not found["final"]:
+            problems.append(f"the resumed run exited {found['second_exit']} ({found['final_status']})")
+        if not str(found.get("resumed_from") or "").endswith(found["checkpoint"] or "-"):
+            problems.append(f"resumed from {found.get('resumed_from')}, not {found['checkpoint']}")
+        if found["final_steps"] != JIT["max_steps"]:
+            problems.append(f"{found['final_steps']} steps in all, not {JIT['max_steps']}")
+        note = (f"SIGTERM at step {JIT['hold_at']}: exit {found['first_exit']} after {found['stop_seconds']} s, "
+                f"{found['checkpoint']}; resumed to step {found['final_steps']}")
+        return (FAIL, "; ".join(problems) + f" ({note})", found) if problems else (PASS, note, found)
+
+    return check
+
+
+def jit_step(processes: int) -> Step:
+    name = "jit" if processes == 1 else f"jit-{processes}"
+    where = "one GPU" if processes == 1 else f"{processes} GPUs (SKIP with fewer)"
+    return Step(name, 150, f"JIT checkpointing on {where}: SIGTERM at step {JIT['hold_at']} of a bf16 quickstart "
+                f"run, exit 143 with a checkpoint (CUDA RNG state included) and no final/, then the same command "
+                "resumes and completes",
+                lambda work: ["python", "scripts/gpu_check.py", "--jit-worker", _path(work, name, "recipe.yaml"),
+                              "--result", _path(work, name, "result.json"), "--processes", str(processes)],
+                check_jit(processes), prepare=lambda work: prepare_jit(work, processes), clean=(name,))
 
 
 def peak_flops(gpu: str, override_tflops: float | None = None) -> float | None:
@@ -675,8 +830,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, default=THROUGHPUT["warmup"], help=argparse.SUPPRESS)
+    parser.add_argument("--jit-worker", metavar="RECIPE", help=argparse.SUPPRESS)
+    parser.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
 
+    if opts.jit_worker:
+        return jit_worker(opts.jit_worker, opts.result, opts.processes)
     if opts.throughput_worker:
         return throughput_worker(opts.throughput_worker, opts.result, opts.set, opts.warmup)
     try:

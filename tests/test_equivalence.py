@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from conftest import ASSETS, built_trainer, final_weights, run_ft, tiny_sft
+from conftest import ASSETS, MEASURED_THREADS, built_trainer, final_weights, run_ft, tiny_sft
 from test_preference import preference_recipe
 
 pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
@@ -53,7 +53,7 @@ def test_sft_batch_8_with_accumulation_4_trains_as_batch_32(write_recipe, tmp_pa
                           logging_steps=1, seed=0, eval_strategy="no")
         recipe["data"].update(train=[{"path": str(tmp_path / "train.jsonl"), "format": "chat"}], eval=[],
                               max_length=128)
-        result = run_ft("train", str(write_recipe(recipe, name=f"b{batch}.yaml")))
+        result = run_ft("train", str(write_recipe(recipe, name=f"b{batch}.yaml")), env=MEASURED_THREADS)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[batch] = out
     _same_training(runs, rel=1e-4)
@@ -66,7 +66,7 @@ def test_dpo_batch_8_with_accumulation_4_trains_as_batch_32(write_recipe, tmp_pa
         recipe = preference_recipe("dpo", ASSETS, out, init="random", train_fraction=0.1, max_steps=3,
                                    per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
                                    eval_strategy="no")
-        result = run_ft("train", str(write_recipe(recipe, name=f"b{batch}.yaml")))
+        result = run_ft("train", str(write_recipe(recipe, name=f"b{batch}.yaml")), env=MEASURED_THREADS)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[batch] = out
     _same_training(runs, rel=1e-4)

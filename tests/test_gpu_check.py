@@ -47,6 +47,8 @@ def plan(tmp_path_factory) -> dict:
     """The dry run's steps, with the throughput step's files written where its command reads them."""
     work = tmp_path_factory.mktemp("gpu-check")
     gpu_check.prepare_throughput(str(work), rows=20)
+    for processes in (1, 2):
+        gpu_check.prepare_jit(str(work), processes)
     return _dry_run("--workdir", str(work))
 
 
@@ -68,6 +70,7 @@ def test_the_dry_run_lists_every_shipped_recipe_and_every_gpu_path(plan):
     assert steps["merge"]["argv"][:2] == ["ft", "merge"] and steps["merge"]["needs"] == ["qlora-4bit"]
     assert steps["generate-merged"]["needs"] == ["merge"]
     assert "--throughput-worker" in steps["throughput"]["argv"]
+    assert "--jit-worker" in steps["jit"]["argv"] and steps["jit-2"]["argv"][-2:] == ["--processes", "2"]
     assert all(step["budget_s"] <= 180 for step in plan["steps"])
     # the human listing names the same steps and prints each command
     text = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
@@ -92,8 +95,9 @@ def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
             if argv[1] != "train":
                 continue
             recipe_path, sets = ROOT / argv[2], _sets(argv)
-        else:  # the throughput worker: ft.run.train of the recipe it names
-            assert argv[:3] == ["python", "scripts/gpu_check.py", "--throughput-worker"]
+        else:  # the throughput and JIT workers: ft.run.train, or ft train, of the recipe they name
+            assert argv[:2] == ["python", "scripts/gpu_check.py"]
+            assert argv[2] in ("--throughput-worker", "--jit-worker")
             recipe_path, sets = Path(argv[3]), []
         loaded = load_recipe(recipe_path, sets)
         problems = hardware.check_hardware(loaded.recipe, GPU)
@@ -101,7 +105,29 @@ def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
         if not step["argv"][3:4] == ["--smoke"]:
             assert not loaded.warnings, (step["name"], [w.render() for w in loaded.warnings])
         checked += 1
-    assert checked == sum(1 for s in plan["steps"] if s["argv"][:2] == ["ft", "train"]) + 1
+    assert checked == sum(1 for s in plan["steps"] if s["argv"][:2] == ["ft", "train"]) + 3
+
+
+@pytest.mark.slow
+def test_the_jit_step_stops_a_run_by_sigterm_and_resumes_it(tmp_path, monkeypatch):
+    """The JIT step's worker and check on the CPU (the CUDA RNG state is what the GPU adds): the run is held at its
+    step until SIGTERM lands, exits 143 with a complete checkpoint and no final/, and the same command resumes from
+    that checkpoint to the last step. A run that ignores the signal fails the check."""
+    monkeypatch.setattr(gpu_check, "JIT", {"max_steps": 120, "hold_at": 10})
+    step = gpu_check.jit_step(1)
+    step.prepare(str(tmp_path))
+    argv = gpu_check.real_argv(step.command(str(tmp_path)))
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = gpu_check.Proc(argv, done.returncode, done.stdout, done.stderr, 0.0)
+    result, note, found = gpu_check.check_jit(1, on_gpu=False)(str(tmp_path), proc)
+    assert result == gpu_check.PASS, (note, done.stderr[-2000:])
+    assert found["first_exit"] == 143 and not found["final_after_stop"]
+    assert 10 < int(found["checkpoint"].split("-")[1]) < 120 and found["rng_files"] == 1
+    assert found["final_steps"] == 120 and found["resumed_from"].endswith(found["checkpoint"])
+    assert found["stop_seconds"] >= 3  # ft waits transformers' kill_wait after the signal before it saves
+    broken = {**found, "first_exit": 0, "checkpoint": None}
+    (tmp_path / "jit" / "result.json").write_text(json.dumps(broken))
+    assert gpu_check.check_jit(1, on_gpu=False)(str(tmp_path), proc)[0] == gpu_check.FAIL
 
 
 def test_only_runs_the_named_steps_and_what_they_need():

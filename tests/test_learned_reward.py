@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ASSETS, DATA, run_ft
+from conftest import ASSETS, DATA, MEASURED_THREADS, run_ft
 
 pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
 
@@ -203,14 +203,14 @@ def test_grpo_scored_by_a_trained_reward_model_moves_the_policy_towards_what_it_
           "optimizer": {"lr": 1.0e-3},
           "train": {"output_dir": str(tmp_path / "parity"), "max_steps": 60, "per_device_train_batch_size": 32,
                     "logging_steps": 10, "save_strategy": "no", "report_to": "none", "seed": 0}}
-    result = run_ft("train", str(write_recipe(rm, name="rm.yaml")))
+    result = run_ft("train", str(write_recipe(rm, name="rm.yaml")), env=MEASURED_THREADS)
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = [{"model": str(tmp_path / "parity" / "final"), "weight": 1.0},
                {"name": "format", "weight": 0.0, "args": {"pattern": r"\d*[02468]"}}]
     recipe = _recipe("grpo", tmp_path / "out", rewards, max_steps=40, per_device_train_batch_size=32)
     recipe.update(model={"name": str(sft_model), "init": "pretrained"}, optimizer={"lr": 5.0e-4})
     recipe["grpo"].update(num_generations=8, max_completion_length=8)
-    result = run_ft("train", str(write_recipe(recipe)))
+    result = run_ft("train", str(write_recipe(recipe)), env=MEASURED_THREADS)
     assert result.returncode == 0, result.stderr[-3000:]
     log = [entry for entry in json.loads((tmp_path / "out" / "log_history.json").read_text())
            if "rewards/parity/mean" in entry]
