@@ -460,7 +460,10 @@ def jit_worker(recipe: str, result: str, processes: int) -> int:
         if line.startswith("jit-check: at step"):
             break
     signalled = time.monotonic()
-    os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler stops the job: every process of the group
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler stops the job: every process of the group
+    except ProcessLookupError:  # it ended before the hold step (its output, in first_tail, says why)
+        pass
     lines += proc.stderr.readlines()
     proc.wait()
     found.update(stop_seconds=round(time.monotonic() - signalled, 2), first_exit=proc.returncode,

@@ -10,7 +10,7 @@ What it keeps, for the tests to compare: ``repos`` (id -> {"private", "branches"
 ``commits`` (one dict per commit: repo, revision, message, files), ``uploads`` (every (repo, revision, path) sent,
 in order, repeats included) and ``authorizations`` (the Authorization header of every request). ``refuse`` maps a
 call (``create``, ``branch``, ``commit``) to the status it answers instead (401, 500); a call in ``stall`` never answers
-(until ``close``).
+(until ``close``); ``refuse_commits`` refuses only the commits whose message starts with its key, with its status.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class FakeHub:
         self.unanswered: list[str] = []  # requests this stand-in does not know (answered 404)
         self.refuse: dict[str, int] = {}
         self.stall: set[str] = set()
+        self.refuse_commits: dict[str, int] = {}  # message prefix -> status
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _handler(self))
@@ -108,6 +109,9 @@ class FakeHub:
     def _commit(self, repo: str, revision: str, body: bytes):
         lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
         header = next(line["value"] for line in lines if line["key"] == "header")
+        for prefix, status in self.refuse_commits.items():
+            if (header.get("summary") or "").startswith(prefix):
+                return status, {"X-Error-Message": f"refused with {status}"}, {"error": f"refused with {status}"}
         added = {line["value"]["path"]: base64.b64decode(line["value"]["content"])
                  for line in lines if line["key"] == "file"}
         with self._lock:

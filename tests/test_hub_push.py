@@ -89,6 +89,19 @@ def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_p
         assert checkpoint == []
 
 
+def test_a_failed_checkpoint_push_is_named_and_the_final_push_still_goes_up(write_recipe, tmp_path, fake_hub):
+    """transformers runs the checkpoint pushes in the background and never reads their outcome: ft waits for the last
+    of them before its own push, and says when it failed."""
+    out = tmp_path / "out"
+    fake_hub.refuse_commits["Training in progress"] = 403
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "every_save"))), env=hub_env(tmp_path, fake_hub, TOKEN))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ft: warning: the last checkpoint push to someone/tiny-run failed" in result.stderr
+    assert [commit["message"] for commit in fake_hub.commits] == ["ft: the model after 4 steps, with summary.json"]
+    _final_commit_holds_the_run(fake_hub, out)
+    assert "403" in json.loads((out / "summary.json").read_text())["hub"]["checkpoint_push_failed"]
+
+
 @pytest.mark.parametrize("failure", ["401", "500", "silent"])
 def test_a_hub_that_fails_the_final_push_ends_the_run_with_exit_1_and_nothing_lost(write_recipe, tmp_path, fake_hub,
                                                                                    failure):

@@ -34,6 +34,12 @@ class PushFailed(Exception):
         self.record = record
 
 
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a failed Hub call (huggingface_hub's errors carry the response); None without one (no
+    connection, a timeout)."""
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
 def silence_limit() -> float:
     """Seconds a Hub call may go without an answer: ``FT_HUB_TIMEOUT``, else ``DEFAULT_TIMEOUT``."""
     return float(os.environ.get("FT_HUB_TIMEOUT") or DEFAULT_TIMEOUT)
@@ -96,7 +102,7 @@ def _wait_for_checkpoint_pushes(trainer) -> str | None:
 
 
 def _failure(exc: Exception, repo: str, revision: str | None, output_dir: Path) -> str:
-    status = getattr(getattr(exc, "response", None), "status_code", None)
+    status = status_of(exc)
     if status in (401, 403):
         why = (f"the Hub refused the token here ({status}): give HF_TOKEN (or `hf auth login`) a token that may "
                f"write to {repo}")

@@ -61,7 +61,7 @@ def check_push(recipe: Recipe) -> list[Problem]:
         return []
     from huggingface_hub import HfApi
 
-    from ..outputs.hub_push import limit_silence
+    from ..outputs.hub_push import limit_silence, status_of
 
     limit_silence()  # this call and every later one: the checkpoint pushes, the final push
     key = "train.hub_model_id" if args.get("hub_model_id") else "train.push_to_hub"
@@ -71,7 +71,7 @@ def check_push(recipe: Recipe) -> list[Problem]:
         if args.get("hub_revision"):
             HfApi().create_branch(made.repo_id, branch=args["hub_revision"], exist_ok=True)
     except Exception as exc:  # refused, a server error, no answer
-        status = getattr(getattr(exc, "response", None), "status_code", None)
+        status = status_of(exc)
         if status in (401, 403):
             return [Problem(key, f"the Hub refused to create or open the repository '{repo}' with the token here "
                             f"({status}: {first_line(exc)}); use a token that may write there ({FIX}), or name a "
@@ -184,6 +184,8 @@ def _ask(read: HubRead) -> tuple[str, str] | None:
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    from ..outputs.hub_push import status_of
+
     url = f"{constants.ENDPOINT}/api/{read.kind}s/{read.repo_id}/auth-check"
     page = f"{constants.ENDPOINT}/{'datasets/' if read.kind == 'dataset' else ''}{read.repo_id}"
     try:
@@ -195,7 +197,7 @@ def _ask(read: HubRead) -> tuple[str, str] | None:
         return "refused", (f"the Hub has no {read.kind} '{read.repo_id}' that the token here may read (a misspelled "
                            f"id, or a private repository): check the id at {page}, or {LOGIN}.")
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "an error"
+        status = status_of(exc) or "an error"
         if isinstance(status, int) and status >= 500:
             return "unreachable", f"it answered {status}"
         return "refused", f"the Hub answered {status} for '{read.repo_id}' ({first_line(exc)}); {LOGIN}."
