@@ -252,3 +252,25 @@ def test_bad_rows_stop_the_run_by_default_naming_file_and_line(write_recipe, tmp
     assert f"{tmp_path / 'train.jsonl'}:4" in result.stderr and "narrator" in result.stderr
     assert "data.on_bad_row: skip" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # a refusal leaves no output directory behind
+
+
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_a_latin1_line_in_a_users_file_is_a_bad_row_in_ft_train(write_recipe, tmp_path, on_bad_row):
+    """A new user's file with "café" saved as Latin-1 in line 6: a bad row with its line, or skipped and counted;
+    never an unexplained UnicodeDecodeError."""
+    rows = (DATA / "train.jsonl").read_text().splitlines()[:8]
+    rows[5] = json.dumps({"messages": [{"role": "user", "content": "Un café?"},
+                                       {"role": "assistant", "content": "Oui."}]}, ensure_ascii=False)
+    (tmp_path / "train.jsonl").write_bytes(("\n".join(rows) + "\n").encode("latin-1"))
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=1)
+    recipe["data"].update(train=[{"path": str(tmp_path / "train.jsonl")}], eval=[], on_bad_row=on_bad_row)
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert "UnicodeDecodeError" not in result.stderr and "Traceback" not in result.stderr
+    if on_bad_row == "error":
+        assert result.returncode == 2
+        assert f"{tmp_path / 'train.jsonl'}:6: not UTF-8 text: byte 0xe9" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = json.loads((out / "summary.json").read_text())["data"]
+    assert stats["skipped_rows"] == {"data.train.0": {"not_utf8": 1}} and stats["train_rows"] == 7

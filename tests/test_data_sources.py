@@ -155,3 +155,50 @@ def test_without_a_key_skipped_lines_move_to_the_key_normalize_is_given(tmp_path
     raw = read_source(source, seed=0, on_bad_row="skip", report=report)
     normalize(raw, source, key="data.eval.1", on_bad_row="skip", report=report)
     assert report.as_dict() == {"data.eval.1": {"invalid_json": 1, "wrong_type": 1}}
+
+
+def _latin1_jsonl(tmp_path):
+    """Six chat rows saved as Latin-1, as an editor on Windows might: line 6 holds "café" as the byte 0xe9."""
+    path = tmp_path / "data.jsonl"
+    lines = [json.dumps({"text": f"row {i}"}) for i in range(1, 6)] + ['{"text": "un café"}']
+    path.write_bytes("".join(line + "\n" for line in lines).encode("latin-1"))
+    return path
+
+
+def test_a_line_that_is_not_utf8_is_a_bad_row_named_by_file_and_line(tmp_path):
+    path = _latin1_jsonl(tmp_path)
+    with pytest.raises(DataError) as caught:
+        _read(path)
+    message = str(caught.value)
+    assert message.startswith("data.train.0: 1 bad row in")
+    assert f"{path}:6: not UTF-8 text: byte 0xe9 at column 17 (saved as Latin-1" in message
+    assert "(not_utf8)" in message and "data.on_bad_row: skip" in message
+
+
+def test_a_line_that_is_not_utf8_is_skipped_and_counted(tmp_path):
+    report = BadRows()
+    dataset = _read(_latin1_jsonl(tmp_path), "skip", report)
+    assert dataset["text"] == [f"row {i}" for i in range(1, 6)] and dataset["__ft_row"] == [0, 1, 2, 3, 4]
+    assert report.as_dict() == {"data.train.0": {"not_utf8": 1}}
+
+
+def test_a_text_file_line_that_is_not_utf8_is_a_bad_row_too(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_bytes(b"first\n\ncaf\xe9\nlast\n")  # the blank line 2 is not a row
+    with pytest.raises(DataError, match=rf"{path}:3: not UTF-8 text: byte 0xe9 at column 4"):
+        _read(path, format="text")
+    report = BadRows()
+    dataset = _read(path, "skip", report, format="text")
+    assert dataset["text"] == ["first", "last"] and dataset["__ft_row"] == [0, 2]
+    assert report.as_dict() == {"data.train.0": {"not_utf8": 1}}
+
+
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_a_csv_file_that_is_not_utf8_is_refused_whole_naming_its_first_bad_line(tmp_path, on_bad_row):
+    path = tmp_path / "data.csv"
+    path.write_bytes(b"text\nfirst\ncaf\xe9\n")
+    with pytest.raises(DataError) as caught:
+        _read(path, on_bad_row, format="text")
+    message = str(caught.value)
+    assert f"is not UTF-8 text (first at {path}:3, byte 0xe9 at column 4" in message
+    assert "iconv -f latin1 -t utf-8 data.csv" in message

@@ -16,6 +16,7 @@ BLANK = " \t\n\r\x0b\x0c"  # a line of only these is not a row (ASCII whitespace
 # The closed set of reasons a row is bad (the keys of summary.json's skipped_rows counts).
 REASONS = {
     "invalid_json": "a line of a .jsonl file is not valid JSON",
+    "not_utf8": "a line of a .jsonl or .txt file is not UTF-8 text (e.g. saved as Latin-1 or Windows-1252)",
     "missing_field": "a field the format needs is absent or null",
     "wrong_type": "a field has the wrong type (e.g. a list where text is expected)",
     "empty_chat": "a list of messages is empty",

@@ -118,9 +118,13 @@ def _from_file(path: Path, source: DataSource, on_bad_row: str, report: BadRows,
     try:
         dataset = datasets.load_dataset(FILE_BUILDERS[suffix], data_files=str(path), split="train")
     except Exception as exc:  # arrow's reader fails on one bad line, with an unhelpful message
-        if suffix != ".jsonl":
-            raise DataError(f"{_subject(source, key)}: could not read it: {first_line(exc)}") from None
-        return _jsonl_in_python(path, source, on_bad_row, report, key, exc)
+        if suffix in LINE_READERS:
+            return LINE_READERS[suffix](path, source, on_bad_row, report, key, exc)
+        if _undecoded(exc) is not None:
+            raise _not_utf8_file(path, source, key) from None
+        raise DataError(f"{_subject(source, key)}: could not read it: {first_line(exc)}") from None
+    if suffix == ".jsonl" and not _valid_utf8(dataset):  # arrow's JSON reader keeps bytes that are not UTF-8
+        return _jsonl_in_python(path, source, on_bad_row, report, key, None)
     if suffix == ".txt":  # the text builder keeps blank lines; they are not rows
         dataset = dataset.filter(lambda text: [bool(t and t.strip(BLANK)) for t in text], input_columns="text",
                                  batched=True)
@@ -128,14 +132,20 @@ def _from_file(path: Path, source: DataSource, on_bad_row: str, report: BadRows,
 
 
 def _jsonl_in_python(path: Path, source: DataSource, on_bad_row: str, report: BadRows, key: str | None,
-                     failure: Exception) -> datasets.Dataset:
-    """A .jsonl file arrow could not read, read line by line: bad lines are reported (or skipped), and the
-    rest stored with ``Json`` columns where values change type, for ``normalize`` to judge row by row."""
+                     failure: Exception | None) -> datasets.Dataset:
+    """A .jsonl file arrow could not read (or read with text that is not UTF-8), read line by line: bad lines are
+    reported (or skipped), and the rest stored with ``Json`` columns where values change type, for ``normalize`` to
+    judge row by row."""
     rows, indices, bad = [], [], []
     try:
         for index, (number, line) in enumerate(nonblank_lines(path)):
             try:
-                row = json.loads(line.removeprefix(codecs.BOM_UTF8) if number == 1 else line)
+                text = (line.removeprefix(codecs.BOM_UTF8) if number == 1 else line).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad.append((index, RowError("not_utf8", _not_utf8(exc))))
+                continue
+            try:
+                row = json.loads(text)
             except ValueError as exc:
                 bad.append((index, RowError("invalid_json", f"invalid JSON: {_json_reason(exc)}")))
                 continue
@@ -155,8 +165,71 @@ def _jsonl_in_python(path: Path, source: DataSource, on_bad_row: str, report: Ba
     table = {name: [row.get(name) for row in rows] for name in columns}
     try:
         return datasets.Dataset.from_dict({**table, ROW: indices}, on_mixed_types="use_json")
-    except Exception:
+    except Exception as exc:
+        raise DataError(f"{_subject(source, key)}: could not read it: {first_line(failure or exc)}") from None
+
+
+def _text_in_python(path: Path, source: DataSource, on_bad_row: str, report: BadRows, key: str | None,
+                    failure: Exception) -> datasets.Dataset:
+    """A .txt file the text builder could not decode, read line by line: a line that is not UTF-8 is a bad row
+    (reported with its line, or skipped); blank lines are not rows."""
+    if _undecoded(failure) is None:
         raise DataError(f"{_subject(source, key)}: could not read it: {first_line(failure)}") from None
+    texts, indices, bad = [], [], []
+    for index, (_, line) in enumerate(nonblank_lines(path)):
+        try:
+            texts.append(line.decode("utf-8").rstrip("\r\n"))
+            indices.append(index)
+        except UnicodeDecodeError as exc:
+            bad.append((index, RowError("not_utf8", _not_utf8(exc))))
+    if bad and on_bad_row == "error":
+        raise bad_rows_error(key, source, bad, len(bad))
+    for _, error in bad:
+        report.add(key or source.path, error.reason)
+    return datasets.Dataset.from_dict({"text": texts, ROW: indices})
+
+
+LINE_READERS = {".jsonl": _jsonl_in_python, ".txt": _text_in_python}  # files whose bad rows are lines
+
+
+def _undecoded(exc: BaseException | None) -> UnicodeDecodeError | None:
+    """The UnicodeDecodeError behind ``exc`` (datasets wraps its builders' errors), if any."""
+    while exc is not None and not isinstance(exc, UnicodeDecodeError):
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def _valid_utf8(dataset: datasets.Dataset) -> bool:
+    """Whether every string in the table is UTF-8 (a full validation, in Arrow: linear and fast)."""
+    try:
+        dataset.data.table.validate(full=True)
+    except Exception:
+        return False
+    return True
+
+
+def _not_utf8_file(path: Path, source: DataSource, key: str | None) -> DataError:
+    """A file whose rows are not lines (CSV: a quoted value may span lines) that is not UTF-8: refused whole, naming
+    its first undecodable line, under either ``on_bad_row``."""
+    where = ""
+    for number, line in nonblank_lines(path):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = f" (first at {source.path}:{number}, {_byte(exc)}: saved as Latin-1 or Windows-1252?)"
+            break
+    return DataError(f"{_subject(source, key)} is not UTF-8 text{where}. ft reads data files as UTF-8, and a "
+                     f"{path.suffix} file's rows cannot be skipped one by one: re-save it as UTF-8, e.g. "
+                     f"`iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}`.")
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """``not UTF-8 text: byte 0xe9 at column 4 …``: where, and what the fix is."""
+    return f"not UTF-8 text: {_byte(exc)} (saved as Latin-1 or Windows-1252? re-save the file as UTF-8)"
+
+
+def _byte(exc: UnicodeDecodeError) -> str:
+    return f"byte 0x{exc.object[exc.start]:02x} at column {exc.start + 1}"
 
 
 def _subsample(dataset: datasets.Dataset, fraction: float, seed: int) -> datasets.Dataset:
