@@ -33,9 +33,9 @@ def workdir(tmp_path):
 def _recipe(workdir, write_recipe, **data_changes):
     recipe = tiny_sft(workdir / "out")
     recipe["model"]["name"] = str(workdir / "model")
-    recipe["data"].update(train=[{"path": str(workdir / "train.jsonl"), "format": "chat"}],
-                          eval=[{"path": str(workdir / "eval.jsonl"), "format": "chat"}],
-                          prepared_path=str(workdir / "prepared"), **data_changes)
+    recipe["data"].update({"train": [{"path": str(workdir / "train.jsonl"), "format": "chat"}],
+                           "eval": [{"path": str(workdir / "eval.jsonl"), "format": "chat"}],
+                           "prepared_path": str(workdir / "prepared"), **data_changes})
     return write_recipe(recipe)
 
 
@@ -274,3 +274,42 @@ def test_a_latin1_line_in_a_users_file_is_a_bad_row_in_ft_train(write_recipe, tm
     assert result.returncode == 0, result.stderr[-2000:]
     stats = json.loads((out / "summary.json").read_text())["data"]
     assert stats["skipped_rows"] == {"data.train.0": {"not_utf8": 1}} and stats["train_rows"] == 7
+
+
+def test_a_weighted_mixture_is_prepared_in_its_proportions_and_counted_per_source(workdir, write_recipe):
+    shutil.copy(DATA / "instruction.jsonl", workdir / "instruction.jsonl")
+    train = [{"path": str(workdir / "train.jsonl"), "format": "chat", "weight": 1},
+             {"path": str(workdir / "instruction.jsonl"), "format": "instruction", "weight": 3}]
+    path = _recipe(workdir, write_recipe, train=train)
+    result = run_ft("preprocess", str(path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    stats = json.loads(result.stdout)
+    chats, instructions = stats["train_sources"]["data.train.0"], stats["train_sources"]["data.train.1"]
+    assert instructions["rows"] == 200  # the smaller source at 3 in 4 rows runs out first and ends the mixture
+    assert 0.7 < instructions["rows"] / stats["train_rows"] < 0.8
+    assert chats["rows"] + instructions["rows"] == stats["train_rows"]
+    assert chats["tokens"] + instructions["tokens"] == stats["train_tokens"]
+    assert "data: mixture (first exhausted): data.train.0 2" in result.stderr
+    import datasets
+
+    prepared = datasets.load_from_disk(str(workdir / "prepared" / "train"))
+    assert len(prepared) == stats["train_rows"] and "__ft_source" not in prepared.column_names
+    again = _prepare(path)  # reused from the cache
+    shutil.rmtree(workdir / "prepared")  # built again, as a resumed run on another machine would
+    assert _prepare(path).train["input_ids"] == again.train["input_ids"] == prepared["input_ids"]
+
+
+def test_a_weighted_mixture_of_preference_pairs_goes_to_trl_in_its_proportions(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out")
+    recipe.update(method="dpo")
+    recipe["data"].update(eval=[], mix_stop="all_exhausted", train=[
+        {"path": str(DATA / "preference.jsonl"), "format": "preference", "weight": 1},
+        {"path": str(DATA / "preference-eval.jsonl"), "format": "preference", "weight": 1}])
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    messages = []
+    prepared = data.prepare_data(loaded, None, None, messages.append)
+    counts = prepared.stats["train_sources"]
+    assert counts["data.train.0"]["rows"] == 1000 and counts["data.train.1"]["rows"] > 900  # the smaller repeats
+    assert prepared.stats["train_rows"] == len(prepared.train) == sum(c["rows"] for c in counts.values())
+    assert not [c for c in prepared.train.column_names if c.startswith("__ft")]
+    assert any(m.startswith("data: mixture (all exhausted)") for m in messages)

@@ -12,7 +12,7 @@ import pytest
 
 from ft.data.formats import normalize
 from ft.data.rows import BadRows, DataError
-from ft.data.sources import mix, read_source, split_off
+from ft.data.sources import mix, read_source, source_counts, split_off, weighted
 from ft.recipe.data_section import DataSource
 
 datasets.disable_progress_bars()
@@ -202,3 +202,44 @@ def test_a_csv_file_that_is_not_utf8_is_refused_whole_naming_its_first_bad_line(
     message = str(caught.value)
     assert f"is not UTF-8 text (first at {path}:3, byte 0xe9 at column 4" in message
     assert "iconv -f latin1 -t utf-8 data.csv" in message
+
+
+def _sources(tmp_path, sizes):
+    """``mix`` of text sources named a, b, … with ``sizes`` rows each (completions ``a0``, ``a1``, …)."""
+    parts = []
+    for i, size in enumerate(sizes):
+        name = "abcdef"[i]
+        path = _jsonl(tmp_path / f"{name}.jsonl", [{"text": f"{name}{j}"} for j in range(size)])
+        source = DataSource(path=str(path), format="text")
+        parts.append(normalize(_read(path, format="text"), source, key=f"data.train.{i}", on_bad_row="error",
+                               report=BadRows()))
+    return mix(parts)
+
+
+def test_a_weighted_mixture_draws_rows_in_the_weights_proportions_seeded(tmp_path):
+    mixed = _sources(tmp_path, [3000, 3000])
+    drawn = weighted(mixed, [0.8, 0.2], seed=1, stop="first_exhausted")
+    names = [c[0] for c in drawn["completion"]]
+    assert names.count("a") == 3000  # the first to run out ends it: a, at 4 rows in 5
+    assert 0.78 < names.count("a") / len(names) < 0.82
+    assert all(int(c[1:]) == i for i, c in enumerate(c for c in drawn["completion"] if c[0] == "b"))  # source order
+    assert weighted(mixed, [0.8, 0.2], seed=1, stop="first_exhausted")["completion"] == drawn["completion"]
+    assert weighted(mixed, [0.8, 0.2], seed=2, stop="first_exhausted")["completion"] != drawn["completion"]
+    assert source_counts(drawn, ["data.train.0", "data.train.1"]) == {
+        "data.train.0": {"rows": 3000}, "data.train.1": {"rows": len(names) - 3000}}
+
+
+def test_the_mixtures_stopping_rules(tmp_path):
+    mixed = _sources(tmp_path, [100, 10])
+    first = weighted(mixed, [0.5, 0.5], seed=0, stop="first_exhausted")["completion"]
+    assert sum(c[0] == "b" for c in first) == 10 and sum(c[0] == "a" for c in first) < 40  # b ran out first
+    every = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted")["completion"]
+    assert set(every) == set(mixed["completion"]) and sum(c[0] == "b" for c in every) > 50  # b repeats
+    once = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted_without_replacement")["completion"]
+    assert sorted(once) == sorted(mixed["completion"])  # every row exactly once
+
+
+def test_the_source_of_each_row_and_tokens_per_source_are_counted(tmp_path):
+    mixed = _sources(tmp_path, [4, 6]).add_column("length", [1, 2, 3, 4, 10, 10, 10, 10, 10, 10])
+    assert source_counts(mixed, ["data.train.0", "data.train.1"], "length") == {
+        "data.train.0": {"rows": 4, "tokens": 10}, "data.train.1": {"rows": 6, "tokens": 60}}

@@ -232,3 +232,36 @@ def test_grpo_checkpoints_inside_a_generation_round_are_a_warning(write_recipe, 
     assert "train.save_steps" not in _warnings(write_recipe, tmp_path, {}, base=recipe)
     recipe["train"].update(save_steps=6, gradient_accumulation_steps=2)  # 12 micro-batches: three rounds
     assert "train.save_steps" not in _warnings(write_recipe, tmp_path, {}, base=recipe)
+
+
+def _two_sources(tmp_path, *weights, stop=None) -> dict:
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["data"]["train"] = [{"path": str(DATA / "train.jsonl"), **({} if w is None else {"weight": w})}
+                               for w in weights]
+    if stop:
+        recipe["data"]["mix_stop"] = stop
+    return recipe
+
+
+@pytest.mark.parametrize(("weights", "stop", "key", "says"), [
+    ((3, None), None, "data.train.1", "has no `weight` while other training sources have one"),
+    ((0, 0), None, "data.train.0.weight", "every training source has weight 0"),
+    ((1, 0), "all_exhausted", "data.train.1.weight", "would never end"),
+    ((0, 2), "all_exhausted_without_replacement", "data.train.0.weight", "would never end"),
+])
+def test_mixture_weights_that_cannot_end_are_refused(write_recipe, tmp_path, weights, stop, key, says):
+    errors = _errors(write_recipe, tmp_path, {}, base=_two_sources(tmp_path, *weights, stop=stop))
+    assert says in errors[key]
+
+
+def test_mixture_weights_that_end_are_accepted_and_normalized(write_recipe, tmp_path):
+    recipe = load_recipe(write_recipe(_two_sources(tmp_path, 3, 1))).recipe
+    assert recipe.data.weights == [0.75, 0.25]
+    zero = load_recipe(write_recipe(_two_sources(tmp_path, 1, 0))).recipe  # first_exhausted ends without it
+    assert zero.data.weights == [1.0, 0.0]
+    assert load_recipe(write_recipe(_two_sources(tmp_path, None, None))).recipe.data.weights is None
+
+
+def test_a_weight_on_an_evaluation_source_is_refused(write_recipe, tmp_path):
+    changes = {"data.eval": [{"path": str(DATA / "eval.jsonl"), "weight": 1}]}
+    assert "evaluation sources are read whole" in _errors(write_recipe, tmp_path, changes)["data.eval.0.weight"]

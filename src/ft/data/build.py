@@ -21,8 +21,8 @@ from ..recipe.methods import METHODS
 from . import cache
 from .formats import normalize
 from .labels import IGNORE_INDEX
-from .rows import ROW, BadRows, DataError, locate
-from .sources import mix, read_source, split_off
+from .rows import ROW, SOURCE, BadRows, DataError, locate
+from .sources import mix, read_source, source_counts, split_off, weighted
 from .templates import TemplateError, resolve_chat_template
 from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_batch
 
@@ -123,13 +123,29 @@ def read_splits(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
     return train, evaluation, report
 
 
+def mixed(recipe: Recipe, train, length_column: str | None = None, say=print):
+    """(the training rows in the recipe's mixture, the rows and tokens each source gives them): drawn by the sources'
+    weights until ``data.mix_stop`` (concatenated when they have none), with ``__ft_source`` dropped."""
+    data = recipe.data
+    if data.weights is not None:
+        train = weighted(train, data.weights, data.seed, data.mix_stop)
+    counts = source_counts(train, [f"data.train.{i}" for i in range(len(data.train))], length_column)
+    if data.weights is not None:
+        say("data: mixture (" + data.mix_stop.replace("_", " ") + "): " + ", ".join(
+            f"{key} {share:.0%} of {len(train)} rows" for key, share in
+            ((key, count["rows"] / len(train)) for key, count in counts.items())))
+    return train.remove_columns(SOURCE), counts
+
+
 def _canonical_rows(recipe: Recipe, say) -> PreparedData:
     train, evaluation, report = read_splits(recipe, say)
+    train, sources = mixed(recipe, train, say=say)
     strip = [c for c in train.column_names if c.startswith("__ft")]
     train = train.remove_columns(strip)
-    evaluation = evaluation.remove_columns(strip) if evaluation is not None else None
+    evaluation = evaluation.remove_columns([c for c in evaluation.column_names if c.startswith("__ft")]) \
+        if evaluation is not None else None
     stats = {"train_rows": len(train), "eval_rows": len(evaluation) if evaluation is not None else 0,
-             "skipped_rows": report.as_dict()}
+             "train_sources": sources, "skipped_rows": report.as_dict()}
     return PreparedData(train, evaluation, stats)
 
 
@@ -161,6 +177,11 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
     if not len(out["train"]):
         raise DataError("data.train: no training rows are left after filtering (see the counts above); check "
                         "`data.max_length`, `data.truncation` and the bad-row report.")
+    out["train"], stats["train_sources"] = mixed(recipe, out["train"], length_column, say)
+    if recipe.data.weights is not None:  # what the mixture trains on, repeats included
+        stats["train_rows"], stats["train_tokens"] = len(out["train"]), _count(_column(out["train"], length_column))
+    if "eval" in out:
+        out["eval"] = out["eval"].remove_columns(SOURCE)
     return PreparedData(out["train"], out.get("eval"), stats)
 
 
@@ -284,6 +305,7 @@ def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings) -> pa
     shared = all(labels is row for labels, row in zip(out["labels"], out["input_ids"], strict=True))
     out["labels"] = ids if shared else pa.array(out["labels"], pa.list_(pa.int32()))
     out["input_ids"] = ids
+    out[SOURCE] = batch[SOURCE]  # which source each row came from, for the mixture
     return pa.table(out, schema=_features().arrow_schema)
 
 
@@ -293,7 +315,7 @@ def _features():
 
     return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
                      "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS},
-                     **{column: Value("int32") for column in STATS}})
+                     **{column: Value("int32") for column in STATS}, SOURCE: Value("int32")})
 
 
 def _column(dataset, name: str):

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 ROW = "__ft_row"
+SOURCE = "__ft_source"  # the row's source: its index in data.train (or data.eval)
 SHOWN = 5  # bad rows listed in an error; the rest are only counted
 BLANK = " \t\n\r\x0b\x0c"  # a line of only these is not a row (ASCII whitespace, as arrow's JSON reader)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..recipe.data_section import DataSource
 from ..recipe.errors import first_line
-from .rows import BLANK, ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
+from .rows import BLANK, ROW, SOURCE, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
@@ -40,9 +40,10 @@ def read_source(source: DataSource, *, seed: int, on_bad_row: str, report: BadRo
 
 
 def mix(parts: list[datasets.Dataset], keys: list[str] | None = None) -> datasets.Dataset:
-    """The normalized sources of one split, concatenated in order; they must share one column layout.
-    ``keys`` (``data.train.0``, …) name the sources in the error."""
+    """The normalized sources of one split, concatenated in order, each row with its source's index (``__ft_source``);
+    they must share one column layout. ``keys`` (``data.train.0``, …) name the sources in the error."""
     names = keys or [f"source {i}" for i in range(len(parts))]
+    parts = [part.add_column(SOURCE, np.full(len(part), i, dtype=np.int32)) for i, part in enumerate(parts)]
     first, aligned = parts[0], [parts[0]]
     for name, part in zip(names[1:], parts[1:], strict=True):
         if set(part.column_names) != set(first.column_names):
@@ -56,6 +57,35 @@ def mix(parts: list[datasets.Dataset], keys: list[str] | None = None) -> dataset
                             f"{first.features}): the sources of one split must agree, e.g. all text or all "
                             "lists of messages.") from None
     return aligned[0] if len(aligned) == 1 else datasets.concatenate_datasets(aligned)
+
+
+def weighted(dataset: datasets.Dataset, weights: list[float], seed: int, stop: str) -> datasets.Dataset:
+    """The rows of ``mix``'s concatenation drawn source by source with probabilities ``weights``, seeded, until
+    ``stop`` (datasets' stopping strategies, ``data.mix_stop``). datasets' ``interleave_datasets`` draws the order, on
+    a column of row positions per source, so the rows themselves are only selected, never copied or re-tokenized."""
+    sources = np.asarray(dataset.with_format("numpy")[SOURCE])
+    positions = [datasets.Dataset.from_dict({"at": np.flatnonzero(sources == i)}) for i in range(len(weights))]
+    if any(not len(part) for part in positions):
+        empty = next(i for i, part in enumerate(positions) if not len(part))
+        raise DataError(f"data.train.{empty}: no rows of this source are left (see the counts above), so it cannot "
+                        "take its share of the mixture; fix its rows or remove it.")
+    drawn = datasets.interleave_datasets(positions, probabilities=weights, seed=seed, stopping_strategy=stop)
+    return dataset.select(drawn.with_format("numpy")["at"])
+
+
+def source_counts(dataset: datasets.Dataset, keys: list[str], length_column: str | None = None) -> dict[str, dict]:
+    """``{key: {"rows": n, "tokens": t}}`` per source of ``mix``'s output (tokens from ``length_column`` when the
+    rows are tokenized): what the run takes from each source, repeats included."""
+    table = dataset.select_columns([SOURCE, *([length_column] if length_column else [])]).with_format("arrow")[:]
+    sources = table[SOURCE].to_numpy()
+    lengths = table[length_column].to_numpy() if length_column else None
+    counts = {}
+    for i, key in enumerate(keys):
+        chosen = sources == i
+        counts[key] = {"rows": int(chosen.sum())}
+        if lengths is not None:
+            counts[key]["tokens"] = int(lengths[chosen].sum())
+    return counts
 
 
 def split_off(dataset: datasets.Dataset, ratio: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -245,7 +275,7 @@ def _subject(source: DataSource, key: str | None) -> str:
 
 
 def _columns(dataset: datasets.Dataset) -> str:
-    return ", ".join(c for c in dataset.column_names if c != ROW) or "(none)"
+    return ", ".join(c for c in dataset.column_names if c not in (ROW, SOURCE)) or "(none)"
 
 
 def _json_reason(exc: ValueError) -> str:

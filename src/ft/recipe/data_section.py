@@ -15,6 +15,7 @@ from .base import Section, resolve_input_path
 from .names import FORMATS
 
 Number = Union[int, float]
+MIX_STOPS = ("first_exhausted", "all_exhausted", "all_exhausted_without_replacement")  # datasets' stopping strategies
 
 
 class DataSource(Section):
@@ -32,6 +33,10 @@ class DataSource(Section):
     roles: dict[StrictStr, StrictStr] = Field(
         default_factory=dict,
         description="This source's role names -> canonical roles, e.g. {human: user, gpt: assistant}.")
+    weight: Optional[Number] = Field(
+        None, ge=0, description="`data.train` only: this source's share of the mixture, relative to the other "
+        "sources' weights (give every training source one, or none): rows are drawn from the sources in these "
+        "proportions, seeded by data.seed, until data.mix_stop says the mixture ends.")
 
     resolve_path = field_validator("path")(resolve_input_path)
 
@@ -82,10 +87,24 @@ class DataSection(Section):
         "warn", description="Trained turns whose last trained token is not the one that ends a turn (the model would "
         "not learn to stop): warn with the count and an example, or refuse the data (SFT).")
     eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
+    mix_stop: Literal[MIX_STOPS] = Field(
+        "first_exhausted", description="When a weighted mixture of `data.train` sources ends (an epoch): "
+        "first_exhausted: when the first source runs out (no row repeats); all_exhausted: when every source has "
+        "given all its rows (the others repeat); all_exhausted_without_replacement: when every row has been "
+        "drawn once (proportions hold while every source lasts). `train.max_steps` may stop training sooner or "
+        "run several epochs of the mixture.")
 
     @property
     def eval_sources(self) -> list[DataSource]:
         return self.eval if isinstance(self.eval, list) else []
+
+    @property
+    def weights(self) -> list[float] | None:
+        """The training sources' weights, summing to 1; None when the sources are concatenated (no weights)."""
+        given = [source.weight for source in self.train]
+        if all(weight is None for weight in given) or None in given or not sum(given):
+            return None
+        return [weight / sum(given) for weight in given]
 
     @property
     def has_eval(self) -> bool:

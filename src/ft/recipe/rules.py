@@ -350,6 +350,31 @@ def _not_read(recipe: Recipe, key: str) -> str | None:
 
 
 @rule
+def mixture_weights_can_end(recipe: Recipe) -> list[Problem]:
+    """Weights on all training sources or none, not all zero, none on eval sources, and no zero weight where the
+    mixture only ends once every source is exhausted (a source never drawn is never exhausted)."""
+    data, problems = recipe.data, []
+    given = [i for i, source in enumerate(data.train) if source.weight is not None]
+    if given and len(given) < len(data.train):
+        missing = next(i for i in range(len(data.train)) if i not in given)
+        problems.append(Problem(f"data.train.{missing}", "has no `weight` while other training sources have one; "
+                                "give every source of data.train a weight (relative shares, e.g. 3 and 1), or none "
+                                "to concatenate them."))
+    elif given and not sum(data.train[i].weight for i in given):
+        problems.append(Problem("data.train.0.weight", "every training source has weight 0, so no row can be "
+                                "drawn; give at least one source a positive weight."))
+    elif given and data.mix_stop != "first_exhausted":
+        problems += [Problem(f"data.train.{i}.weight", f"is 0 with data.mix_stop {data.mix_stop}: that mixture ends "
+                             "only when every source is exhausted, and a source with weight 0 is never drawn, so it "
+                             "would never end. Remove the source, give it a positive weight, or use "
+                             "`data.mix_stop: first_exhausted`.")
+                     for i in given if data.train[i].weight == 0]
+    problems += [Problem(f"data.eval.{i}.weight", "weights mix training sources; evaluation sources are read whole. "
+                         "Remove it.") for i, source in enumerate(data.eval_sources) if source.weight is not None]
+    return problems
+
+
+@rule
 def packing_is_sft_only(recipe: Recipe) -> list[Problem]:
     """Packing concatenates independent rows into one sequence; only SFT can train on that."""
     methods = _not_read(recipe, "data.packing") if recipe.data.packing else None
