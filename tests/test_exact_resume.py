@@ -1,6 +1,6 @@
 """A run stopped by SIGTERM and resumed ends bit for bit where the uninterrupted run ends, also when training draws
-random numbers: LoRA dropout, NEFTune's noise, DPO and KTO on a LoRA adapter, GRPO's sampling with one or several
-steps per generation (two processes: tests/test_multiprocess.py).
+random numbers: LoRA dropout (also on streamed rows), NEFTune's noise, DPO and KTO on a LoRA adapter, GRPO's sampling
+with one or several steps per generation (two processes: tests/test_multiprocess.py).
 
 The signal is sent by a callback at the end of a chosen step, and the next step is held at its start for longer
 than ft waits before it stops one process. transformers' own JIT checkpoint would therefore take its stop after that
@@ -86,8 +86,15 @@ def _sft_neftune(out):
     return recipe
 
 
+def _sft_streaming(out):
+    recipe = _sft_lora(out)
+    recipe["data"].update(streaming=True, eval=[])  # the stream's rows, in the order an uninterrupted run reads them
+    return recipe
+
+
 CASES = {
     "sft-lora-dropout": (_sft_lora, 3),
+    "sft-streaming-lora-dropout": (_sft_streaming, 3),
     "sft-neftune": (_sft_neftune, 3),
     "dpo-lora-dropout": (_preference("dpo"), 3),
     "kto-lora-dropout": (_preference("kto"), 3),

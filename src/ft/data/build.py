@@ -38,7 +38,7 @@ class PreparedData:
 
 
 def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[[str], None] = print, *,
-                 rebuild_ok: bool = True, builder: bool = True) -> PreparedData:
+                 rebuild_ok: bool = True, builder: bool = True, world_size: int = 1) -> PreparedData:
     """The run's datasets, from the prepared cache when its fingerprint matches.
 
     ``template`` is ``chat_template_for(recipe, tokenizer)``: the chat template rows are rendered with.
@@ -47,7 +47,10 @@ def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[
     without a time limit, until the main process has written a cache that matches (no collective is involved,
     so no process group timeout can end the wait; if the main process fails, the launcher stops this one).
     Without ``data.prepared_path`` every process tokenizes its own copy in memory, nobody waits.
+    ``data.streaming``: the training rows are an endless stream in ``world_size`` shards (``ft.data.stream``).
     """
+    if recipe.data.streaming:
+        return _streamed(recipe, tokenizer, template, say, world_size)
     if not METHODS[recipe.method].ft_tokenizes:
         return _canonical_rows(recipe, say)
     if recipe.data.prepared_path is None:
@@ -183,6 +186,28 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
     if "eval" in out:
         out["eval"] = out["eval"].remove_columns(SOURCE)
     return PreparedData(out["train"], out.get("eval"), stats)
+
+
+def _streamed(recipe: Recipe, tokenizer, template: str | None, say, world_size: int) -> PreparedData:
+    """The training stream, and the evaluation rows (read whole and tokenized as without streaming)."""
+    from .stream import streamed_train
+
+    stats: dict = {}
+    train = streamed_train(recipe, tokenizer, template, world_size, say, stats)
+    evaluation, sources = None, recipe.data.eval_sources
+    if sources:
+        report = BadRows()
+        rows = read_sources(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))], report)
+        settings = TokenizeSettings(template=template, max_length=recipe.data.max_length,
+                                    truncation=recipe.data.truncation, train_on=recipe.data.train_on)
+        length_column = recipe.train_args.get("length_column_name", "length")
+        evaluation, counts, _ = _tokenize(rows, tokenizer, settings, recipe.data.num_proc, "eval", length_column)
+        evaluation = evaluation.remove_columns(SOURCE)
+        stats.update(eval_rows=len(evaluation), eval_skipped_rows=report.as_dict(),
+                     **{f"eval_{key}": value for key, value in counts.items()})
+    say("data: streaming the training rows (read, tokenized" + (" and packed" if recipe.data.packing else "") +
+        f" as training consumes them{f', in {world_size} shards, one per process' if world_size > 1 else ''})")
+    return PreparedData(train, evaluation, stats)
 
 
 def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str):

@@ -87,6 +87,10 @@ class DataSection(Section):
         "warn", description="Trained turns whose last trained token is not the one that ends a turn (the model would "
         "not learn to stop): warn with the count and an example, or refuse the data (SFT).")
     eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
+    streaming: StrictBool = Field(
+        False, description="Read, tokenize (and pack) the training rows as training consumes them, never holding the "
+        "corpus in memory or a cache; each source starts again when it runs out, so `train.max_steps` is needed. "
+        "SFT; evaluation sources are still read whole.")
     mix_stop: Literal[MIX_STOPS] = Field(
         "first_exhausted", description="When a weighted mixture of `data.train` sources ends (an epoch): "
         "first_exhausted: when the first source runs out (no row repeats); all_exhausted: when every source has "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .adapter import SHAPE_KEYS
+from .data_section import SplitRatio
 from .distributed import deepspeed_config_file
 from .errors import Problem, did_you_mean
 from .hub import HUB_SETTINGS, PUSHING
@@ -371,6 +372,41 @@ def mixture_weights_can_end(recipe: Recipe) -> list[Problem]:
                      for i in given if data.train[i].weight == 0]
     problems += [Problem(f"data.eval.{i}.weight", "weights mix training sources; evaluation sources are read whole. "
                          "Remove it.") for i, source in enumerate(data.eval_sources) if source.weight is not None]
+    return problems
+
+
+@rule
+def streaming_reads_rows_once(recipe: Recipe) -> list[Problem]:
+    """``data.streaming`` reads each row as training consumes it: what needs every row first (lengths to group by, a
+    held-out share, a subsample, a cache, an epoch count, TRL's own tokenization of a whole dataset) is refused,
+    naming its key."""
+    data = recipe.data
+    if not data.streaming:
+        return []
+    why = "needs the whole dataset before training, and a stream is read as training goes"
+    problems = []
+    if not METHODS[recipe.method].ft_tokenizes:
+        problems.append(Problem("data.streaming", f"method `{recipe.method}` is trained by TRL's trainer, which "
+                                "prepares its whole dataset first; ft streams the rows it tokenizes itself (SFT). "
+                                "Remove data.streaming, or read a share of the data with `fraction`."))
+    if not recipe.train_args.get("max_steps", -1) > 0:
+        problems.append(Problem("data.streaming", "needs `train.max_steps`: a stream has no length to count epochs "
+                                "in (each source starts again when it runs out), so the step count ends training."))
+    if isinstance(data.eval, SplitRatio):
+        problems.append(Problem("data.eval.split_ratio", f"{why}; give `data.eval` its own sources."))
+    for key in ("prepared_path", "require_prepared", "num_proc"):
+        if getattr(data, key) not in (None, False):
+            problems.append(Problem(f"data.{key}", "has no use with data.streaming: the stream is tokenized as "
+                                    "training reads it, in the training process, and never cached; remove it."))
+    problems += [Problem(f"data.train.{i}.fraction", f"{why}; remove it (or write the share you want to a file)")
+                 for i, source in enumerate(data.train) if source.fraction < 1]
+    strategy = recipe.effective("train_sampling_strategy") if METHODS[recipe.method].ft_tokenizes else "random"
+    if strategy in ("group_by_length", "batch_rebalance"):
+        problems.append(Problem("train.train_sampling_strategy", f"`{strategy}` reads every row's length first, and "
+                                "a stream is read in order as training goes; use `random` (the stream's order)."))
+    if recipe.train_args.get("dataloader_num_workers", 0) > 0:
+        problems.append(Problem("train.dataloader_num_workers", "the stream is sharded one shard per process, and "
+                                "counts its rows in the training process; remove it."))
     return problems
 
 

@@ -37,14 +37,16 @@ from .drift import check_drift
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str  # "completed" | "stopped"
+    status: str  # "completed" | "stopped" (by a signal, or by a streamed source that failed: exit 1)
     output_dir: Path
     summary: dict
     stopped_by: int | None = None  # the signal that stopped it
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.stopped_by is None else signals.exit_code(self.stopped_by)
+        if self.stopped_by is None:
+            return 1 if self.status == "stopped" else 0
+        return signals.exit_code(self.stopped_by)
 
 
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print, callbacks=(), *,
@@ -137,6 +139,10 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
                 f"{summary['checkpoint']} ({after}). To resume from it, run the same command again: {command}")
             return RunResult("stopped", output_dir, summary, watch.received)
 
+        if trainer.ft_stream_failure is not None:
+            return _stream_failed(trainer, recipe, prepared, output_dir, seconds, command, main, facts, wall_started,
+                                  say)
+
         final_eval = _evaluated_at_last_step(trainer) if prepared.eval is not None else None
         if final_eval is not None:
             phases["evaluate"] = 0.0  # the evaluation at the last step (timed in train) is the final one
@@ -170,6 +176,23 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         raise
 
 
+def _stream_failed(trainer, recipe, prepared, output_dir: Path, seconds: float, command: str, main: bool, facts,
+                   wall_started, say) -> RunResult:
+    """A streamed source failed mid-run: the Trainer saved the last finished step (``FtTrainerMixin``); say what
+    failed and how to go on from there (exit 1)."""
+    state, failure = trainer.state, trainer.ft_stream_failure
+    saved = checkpoints.complete_checkpoints(output_dir)
+    summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds, final_eval=None,
+                        extra=_extra(recipe, prepared, trainer, seconds))
+    summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by="data", data_failure=str(failure),
+                   resume_command=command)
+    _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
+    say(f"ft: {failure}\nft: training stopped at step {state.global_step} of {state.max_steps} and saved "
+        f"{summary['checkpoint']}; every row before it is trained, none after. Make the source readable again (or "
+        f"fix the row), then resume with the same command: {command}")
+    return RunResult("stopped", output_dir, summary)
+
+
 def _push(trainer, output_dir: Path, summary: dict, say: Callable[[str], None]) -> None:
     """final/ and summary.json to the Hub (``outputs.hub_push``); summary.json here then records where they went, or
     why they did not."""
@@ -200,7 +223,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
         say(f"data: the other {ranks.world_size() - 1} processes read {recipe.data.prepared_path} once this one has "
             "it ready (they wait without a time limit)")
     prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
-                                 builder=ranks.is_main())
+                                 builder=ranks.is_main(), world_size=ranks.world_size())
     data_ready = time.perf_counter()
     model = loading.load_model(recipe, seed=recipe.train_args.get("seed", 42))
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)

@@ -35,6 +35,7 @@ class FtTrainerMixin:
     ft_preflight_result: dict | None = None  # what the probe measured (summary.json ``preflight``)
     _ft_preflight_pending = False
     _ft_peak_floor = 0  # the process's memory peak before the probe reset the counter (bytes)
+    ft_stream_failure: Exception | None = None  # a streamed source failed: training stopped with a checkpoint
 
     def __init__(self, *args, ft_optimization: Optimization | None = None, ft_preflight=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -57,6 +58,33 @@ class FtTrainerMixin:
                     opt_model)), ft.groups, kwargs.get("lr", self.args.learning_rate), self.args.weight_decay)
             self.optimizer_cls_and_kwargs = (cls, kwargs)
         return super().create_optimizer(model)
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The Trainer's own, except when a streamed source fails mid-stream (``ft.data.stream.StreamFailed``): no
+        batch is trained, training stops at the last finished step, and the Trainer saves its checkpoint there, as
+        at a ``save_steps`` step (``ft_stream_failure`` holds the reason; ``ft train`` reports it and exits 1). Its
+        resume skips exactly the batches those steps consumed, so no row is lost or trained twice. With several
+        processes every rank agrees at each step (one integer, all-reduced), so all stop at the same step."""
+        from ..data.stream import StreamFailed
+
+        failure = None
+        try:
+            samples = super().get_batch_samples(epoch_iterator, num_batches, device)
+        except StreamFailed as exc:
+            failure, samples = exc, ([], None)
+        if self.args.world_size > 1 and getattr(self.train_dataset, "n_shards", None) is not None:
+            import torch
+            import torch.distributed as dist
+
+            flag = torch.tensor([int(failure is not None)], device=self.args.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and failure is None:
+                failure, samples = StreamFailed("another process's stream failed (its message is above)"), ([], None)
+        if failure is not None:
+            self.ft_stream_failure = failure
+            self.control.should_save = True
+            self.control.should_training_stop = True
+        return samples
 
     def push_to_hub(self, *args, **kwargs) -> None:
         """Pushes nothing. transformers calls this from ``save_model`` when ft saves final/: before summary.json

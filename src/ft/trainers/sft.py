@@ -26,6 +26,8 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> SFTConfig:
         packing=data.packing,
         dataset_kwargs={"skip_prepare_dataset": not data.packing},
         remove_unused_columns=False,
+        # a stream is sharded one shard per process (ft.data.stream): each reads its own rows, none dispatched
+        **({"accelerator_config": {"dispatch_batches": False}} if data.streaming else {}),
     )
 
 
