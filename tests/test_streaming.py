@@ -14,6 +14,7 @@ import pytest
 from conftest import DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
 
 from ft import data
+from ft.data.rows import DataError
 from ft.data.stream import StreamFailed, streamed_train
 from ft.model import loading
 from ft.recipe import RecipeError, load_recipe
@@ -217,3 +218,15 @@ def test_two_processes_train_on_their_own_rows_of_the_stream(write_recipe, tmp_p
         expected = [[t for t in row["labels"] if t != -100]
                     for row, _ in zip(sharded.shard(2, rank), range(16), strict=False)]
         assert trained == expected, rank
+
+
+def test_a_missing_source_or_sources_of_different_kinds_are_refused_before_training(write_recipe, tmp_path):
+    with pytest.raises(DataError, match=rf"data.train.0.path: {tmp_path / 'nope.jsonl'} does not exist"):
+        _stream(write_recipe, _streamed(tmp_path / "out", tmp_path / "nope.jsonl"))
+    mixed = _streamed(tmp_path / "out", DATA / "train.jsonl")
+    mixed["data"]["train"].append({"path": str(DATA / "text.jsonl"), "format": "text"})
+    with pytest.raises(DataError, match="data.train.1 has format `text`, whose rows have other columns"):
+        _stream(write_recipe, mixed)
+    mixed["data"]["train"][1] = {"path": str(DATA / "instruction.jsonl"), "format": "instruction"}
+    stream, _ = _stream(write_recipe, mixed)  # instructions stream as chats: one kind of row
+    assert len(list(zip(stream, range(4), strict=False))) == 4

@@ -140,13 +140,15 @@ def mixed(recipe: Recipe, train, length_column: str | None = None, say=print):
     return train.remove_columns(SOURCE), counts
 
 
+def _without_ft_columns(dataset):
+    return dataset.remove_columns([c for c in dataset.column_names if c.startswith("__ft")])
+
+
 def _canonical_rows(recipe: Recipe, say) -> PreparedData:
     train, evaluation, report = read_splits(recipe, say)
     train, sources = mixed(recipe, train, say=say)
-    strip = [c for c in train.column_names if c.startswith("__ft")]
-    train = train.remove_columns(strip)
-    evaluation = evaluation.remove_columns([c for c in evaluation.column_names if c.startswith("__ft")]) \
-        if evaluation is not None else None
+    train = _without_ft_columns(train)
+    evaluation = _without_ft_columns(evaluation) if evaluation is not None else None
     stats = {"train_rows": len(train), "eval_rows": len(evaluation) if evaluation is not None else 0,
              "train_sources": sources, "skipped_rows": report.as_dict()}
     return PreparedData(train, evaluation, stats)

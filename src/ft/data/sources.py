@@ -121,8 +121,7 @@ def _load(source: DataSource, on_bad_row: str, report: BadRows, key: str | None)
     if kind == "file":
         return _from_file(path, source, on_bad_row, report, key)
     if kind == "missing":
-        raise DataError(f"{_subject(source, key)} does not exist (relative paths are read from the recipe's "
-                        "folder).")
+        raise missing_source(source, key)
     try:  # a hub id, or a local folder of data files
         return datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
     except Exception as exc:
@@ -169,19 +168,9 @@ def _jsonl_in_python(path: Path, source: DataSource, on_bad_row: str, report: Ba
     rows, indices, bad = [], [], []
     try:
         for index, (number, line) in enumerate(nonblank_lines(path)):
-            try:
-                text = (line.removeprefix(codecs.BOM_UTF8) if number == 1 else line).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                bad.append((index, RowError("not_utf8", _not_utf8(exc))))
-                continue
-            try:
-                row = json.loads(text)
-            except ValueError as exc:
-                bad.append((index, RowError("invalid_json", f"invalid JSON: {_json_reason(exc)}")))
-                continue
-            if not isinstance(row, dict):
-                bad.append((index, RowError("wrong_type", f"a JSON {type(row).__name__} where an object was "
-                                                          "expected")))
+            row = line_row(number, line, ".jsonl")
+            if isinstance(row, RowError):
+                bad.append((index, row))
                 continue
             rows.append(row)
             indices.append(index)
@@ -206,17 +195,40 @@ def _text_in_python(path: Path, source: DataSource, on_bad_row: str, report: Bad
     if _undecoded(failure) is None:
         raise DataError(f"{_subject(source, key)}: could not read it: {first_line(failure)}") from None
     texts, indices, bad = [], [], []
-    for index, (_, line) in enumerate(nonblank_lines(path)):
-        try:
-            texts.append(line.decode("utf-8").rstrip("\r\n"))
-            indices.append(index)
-        except UnicodeDecodeError as exc:
-            bad.append((index, RowError("not_utf8", _not_utf8(exc))))
+    for index, (number, line) in enumerate(nonblank_lines(path)):
+        row = line_row(number, line, ".txt")
+        if isinstance(row, RowError):
+            bad.append((index, row))
+            continue
+        texts.append(row["text"])
+        indices.append(index)
     if bad and on_bad_row == "error":
         raise bad_rows_error(key, source, bad, len(bad))
     for _, error in bad:
         report.add(key or source.path, error.reason)
     return datasets.Dataset.from_dict({"text": texts, ROW: indices})
+
+
+def line_row(number: int, line: bytes, suffix: str) -> dict | RowError:
+    """Line ``number`` of a .jsonl or .txt file (``nonblank_lines``) as a row, or the RowError that makes it bad: not
+    UTF-8, invalid JSON, or JSON that is not an object. Shared by whole-file reading and ``ft.data.stream``."""
+    try:
+        text = (line.removeprefix(codecs.BOM_UTF8) if number == 1 else line).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return RowError("not_utf8", _not_utf8(exc))
+    if suffix == ".txt":
+        return {"text": text.rstrip("\r\n")}
+    try:
+        row = json.loads(text)
+    except ValueError as exc:
+        return RowError("invalid_json", f"invalid JSON: {_json_reason(exc)}")
+    return row if isinstance(row, dict) else RowError("wrong_type", f"a JSON {type(row).__name__} where an object "
+                                                                    "was expected")
+
+
+def missing_source(source: DataSource, key: str | None) -> DataError:
+    """The error for a local path that does not exist."""
+    return DataError(f"{_subject(source, key)} does not exist (relative paths are read from the recipe's folder).")
 
 
 LINE_READERS = {".jsonl": _jsonl_in_python, ".txt": _text_in_python}  # files whose bad rows are lines

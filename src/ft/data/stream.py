@@ -23,9 +23,7 @@ Three properties the trainer relies on:
 
 from __future__ import annotations
 
-import codecs
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from ..recipe import Recipe
 from ..recipe.data_section import DataSource
 from .formats import FORMATS, Names
 from .rows import ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
-from .sources import source_kind
+from .sources import FILE_BUILDERS, line_row, missing_source, source_kind
 from .tokenize import TokenizeSettings, tokenize_batch
 
 READ_BATCH = 256  # rows tokenized together (one datasets.map batch)
@@ -55,7 +53,15 @@ def streamed_train(recipe: Recipe, tokenizer, template: str | None, world_size: 
     stats.update(streaming=True, skipped_rows={}, train_rows_tokenized=0, train_rows_truncated=0,
                  train_rows_dropped_as_too_long=0, train_rows_dropped_with_no_trained_tokens=0, passes={})
     keys = [f"data.train.{i}" for i in range(len(data.train))]
-    features = _features(FORMATS[data.train[0].format].columns, data.train[0].format)
+    for key, source in zip(keys, data.train, strict=True):
+        if source_kind(source) == "missing":
+            raise missing_source(source, key)
+    features = _features(data.train[0].format)
+    for key, source in zip(keys[1:], data.train[1:], strict=True):
+        if _features(source.format) != features:
+            raise DataError(f"{key} has format `{source.format}`, whose rows have other columns than {keys[0]}'s "
+                            f"(`{data.train[0].format}`): the streamed sources of one run must give the same kind of "
+                            "rows (chat and instruction both give chats).")
 
     def source_stream(key: str, source: DataSource) -> datasets.IterableDataset:
         return datasets.IterableDataset.from_generator(
@@ -76,11 +82,12 @@ def streamed_train(recipe: Recipe, tokenizer, template: str | None, world_size: 
                                "length_column": length_column})
 
 
-def _features(columns: tuple[str, ...], format_name: str) -> datasets.Features:
+def _features(format_name: str) -> datasets.Features:
+    """The canonical columns a format's rows stream as: chats, or prompt and completion texts."""
     text = datasets.Value("string")
     if format_name in ("chat", "instruction"):
         return datasets.Features({"messages": [{"role": text, "content": text}]})
-    return datasets.Features({column: text for column in columns})
+    return datasets.Features({column: text for column in FORMATS[format_name].columns})
 
 
 def _canonical_rows(part: list[int], parts: int, source: DataSource, key: str, on_bad_row: str, report: BadRows,
@@ -124,7 +131,7 @@ def _raw_rows(source: DataSource, key: str, mine: Callable[[int], bool]) -> Iter
             yield from _lines(path, suffix, mine)
         elif kind == "file" and suffix == ".parquet":
             yield from _parquet(path, mine)
-        elif kind == "missing":
+        elif kind == "missing":  # it was there when the run started (streamed_train checks)
             raise OSError(f"{source.path} does not exist")
         else:
             yield from _through_datasets(source, kind, mine)
@@ -137,24 +144,8 @@ def _raw_rows(source: DataSource, key: str, mine: Callable[[int], bool]) -> Iter
 
 def _lines(path: Path, suffix: str, mine: Callable[[int], bool]) -> Iterator[tuple[int, dict | RowError]]:
     for index, (number, line) in enumerate(nonblank_lines(path)):
-        if not mine(index):
-            continue
-        try:
-            text = (line.removeprefix(codecs.BOM_UTF8) if number == 1 else line).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield index, RowError("not_utf8", f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at column "
-                                  f"{exc.start + 1} (saved as Latin-1 or Windows-1252? re-save the file as UTF-8)")
-            continue
-        if suffix == ".txt":
-            yield index, {"text": text.rstrip("\r\n")}
-            continue
-        try:
-            row = json.loads(text)
-        except ValueError as exc:
-            yield index, RowError("invalid_json", f"invalid JSON: {exc}")
-            continue
-        yield index, row if isinstance(row, dict) else RowError(
-            "wrong_type", f"a JSON {type(row).__name__} where an object was expected")
+        if mine(index):
+            yield index, line_row(number, line, suffix)
 
 
 def _parquet(path: Path, mine: Callable[[int], bool]) -> Iterator[tuple[int, dict]]:
@@ -169,8 +160,6 @@ def _parquet(path: Path, mine: Callable[[int], bool]) -> Iterator[tuple[int, dic
 
 
 def _through_datasets(source: DataSource, kind: str, mine: Callable[[int], bool]) -> Iterator[tuple[int, dict]]:
-    from .sources import FILE_BUILDERS
-
     if kind == "file":
         rows = datasets.load_dataset(FILE_BUILDERS[Path(source.path).suffix.lower()], data_files=source.path,
                                      split="train", streaming=True)
