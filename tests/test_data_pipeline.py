@@ -62,6 +62,17 @@ def test_preprocess_writes_tokens_masks_and_length_column(workdir, write_recipe)
     assert any(label == -100 for label in row["labels"]) and any(label != -100 for label in row["labels"])
 
 
+def test_two_tokenizing_processes_prepare_the_same_rows_as_one(workdir, write_recipe):
+    """data.num_proc 2 splits the rows between two workers (each builds its own Arrow columns from the masks):
+    the prepared rows, masks, lengths and counts are those of one process, row for row."""
+    one = _prepare(_recipe(workdir, write_recipe, prepared_path=None, max_length=33))
+    two = _prepare(_recipe(workdir, write_recipe, prepared_path=None, max_length=33, num_proc=2))
+    assert one.train.to_dict() == two.train.to_dict() and one.eval.to_dict() == two.eval.to_dict()
+    assert one.stats == two.stats and one.stats["train_rows_truncated"] > 0
+    labels = one.train["labels"]
+    assert sum(label != -100 for row in labels for label in row) < sum(len(row) for row in labels)  # masked
+
+
 def test_unchanged_inputs_reuse_the_cache_and_say_so(workdir, write_recipe):
     path = _recipe(workdir, write_recipe)
     first, second = [], []

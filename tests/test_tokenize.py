@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from conftest import ASSETS
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -112,7 +114,7 @@ def test_works_as_a_batched_dataset_map(tiny):
     fn_kwargs = {"tokenizer": tiny, "settings": settings(BUILTIN_TEMPLATES["chatml"])}
     mapped = rows.map(tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=["messages"])
     assert mapped.column_names == ["input_ids", "labels", "length", "ft_truncated", "ft_too_long", "ft_no_loss",
-                                   "ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped"]
+                                   "ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped", "ft_trained"]
     assert mapped[1]["labels"][-3:] == [tiny.convert_tokens_to_ids("4"), tiny.eos_token_id, IGNORE_INDEX]
 
 
@@ -130,6 +132,39 @@ def test_text_rows_mask_the_prompt_and_train_the_eos(tiny):
 def test_text_rows_train_on_all(tiny):
     out = tokenize_batch({"prompt": ["Q: 2+2="], "completion": [" 4"]}, tiny, settings(train_on="all"))
     assert out["labels"] == out["input_ids"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "word_tokenizer"])
+def test_masks_match_the_per_token_rule_at_every_span_end(name, request):
+    """The trained run of each row is found from its two ends, never token by token: it must equal the rule applied
+    to every token's offsets (inside the completion's characters; a token starting with whitespace before it counts
+    when the rest is inside). Random rows whose prompt ends mid-word ("caf" + "é au lait"), in the middle of a
+    character split into several tokens (the bytes of "é", "日本", an emoji: tiny-llama's byte fallback), or on
+    whitespace that no token holds (the word-level tokenizer drops it)."""
+    tokenizer = request.getfixturevalue(name)
+    rng = random.Random(0)
+    pieces = ["caf", "é", " au", " lait", "日本", "🙂", " ", "  ", "\n", "\t", "What", " is", " the", "capital", " of",
+              "France", " Paris", " .", "x"]
+    prompts, completions = [], []
+    for _ in range(400):
+        prompts.append("".join(rng.choices(pieces, k=rng.randint(1, 6))))
+        completions.append("".join(rng.choices(pieces, k=rng.randint(0, 6))))
+    out = tokenize_batch({"prompt": prompts, "completion": completions}, tokenizer, settings(max_length=10**6))
+    eos, rows_trained = tokenizer.eos_token_id, 0
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        text, a = prompt + completion, len(prompt)
+        enc = tokenizer(text, return_offsets_mapping=True)
+        def inside(s, e, a=a, text=text):
+            if s == e:
+                return a <= s < len(text)
+            return e <= len(text) and (a <= s or s < a < e and text[s:a].isspace())
+
+        expected = [token if inside(*chars) else IGNORE_INDEX
+                    for token, chars in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
+        assert out["input_ids"][row] == [*enc["input_ids"], eos]
+        assert out["labels"][row] == [*expected, eos], (prompt, completion)
+        rows_trained += any(label != IGNORE_INDEX for label in expected)
+    assert rows_trained > 200  # most rows train on some completion token, not only on the EOS
 
 
 # --- length limits ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -24,7 +25,7 @@ from .labels import IGNORE_INDEX
 from .rows import ROW, SOURCE, BadRows, DataError, locate
 from .sources import mix, read_source, source_counts, split_off, weighted
 from .templates import TemplateError, resolve_chat_template
-from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_batch
+from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_arrays
 
 FLAGS = ("ft_truncated", "ft_too_long", "ft_no_loss")
 WARN_SHARE = 0.01  # above this share of rows or of trained tokens cut by max_length, ft warns
@@ -213,8 +214,11 @@ def _streamed(recipe: Recipe, tokenizer, template: str | None, say, world_size: 
 
 
 def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str):
+    # num_proc 1 tokenizes in this process, as None does: datasets would start one worker for it and turn the
+    # tokenizer's own threads off there, the slowest way to use one process (benchmarks/data_scale.py)
     tokenized = dataset.map(_tokenize_to_arrow, batched=True, fn_kwargs={"tokenizer": tokenizer, "settings": settings},
-                            num_proc=num_proc, remove_columns=dataset.column_names, features=_features(),
+                            num_proc=num_proc if num_proc and num_proc > 1 else None,
+                            remove_columns=dataset.column_names, features=_features(),
                             desc=f"tokenizing {name}")
     # counted in Arrow: iterating a column row by row costs more than the tokenization itself
     truncated, too_long, no_loss = (_column(tokenized, flag) for flag in FLAGS)
@@ -234,7 +238,7 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
                                      input_columns=["ft_too_long", "ft_no_loss"], batched=True,
                                      desc=f"dropping {name} rows")
     full = checks.pop("trained_tokens_full")
-    checks["trained_tokens_cut"] = full - _trained(_column(tokenized, "labels"))
+    checks["trained_tokens_cut"] = full - _count(_column(tokenized, "ft_trained"))
     checks["trained_tokens_cut_share"] = round(checks["trained_tokens_cut"] / full, 4) if full else 0.0
     tokenized = tokenized.remove_columns([*FLAGS, *STATS])
     if length_column != "length":
@@ -251,11 +255,6 @@ def _cut(tokenized, counts: dict) -> dict:
     return {"rows_cut_share": round(cut_rows / rows, 4) if rows else 0.0,
             "trained_tokens_full": _count(_column(tokenized, "ft_trained_full")),
             "length_p99": int(pc.quantile(lengths, 0.99, interpolation="higher")[0].as_py()) if rows else 0}
-
-
-def _trained(labels) -> int:
-    """Tokens with loss in an Arrow column of label lists."""
-    return _count(pc.not_equal(pc.list_flatten(labels), IGNORE_INDEX))
 
 
 def _say_cut(checks: dict, settings: TokenizeSettings, name: str, say) -> bool:
@@ -325,15 +324,23 @@ def _turn_end(ids: list[int], labels: list[int], stop: int | None, tokenizer) ->
 
 
 def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings) -> pa.Table:
-    """``tokenize_batch`` as an Arrow table: a row's labels that are its input_ids (every token trained on) are
-    converted from Python once, for both columns."""
-    out = tokenize_batch(batch, tokenizer, settings)
-    ids = pa.array(out["input_ids"], pa.list_(pa.int32()))
+    """``tokenize_batch`` as an Arrow table, built from its rows' numpy arrays without a Python object per token; a
+    batch whose labels are its input_ids (every token trained on) shares one column for both."""
+    out = tokenize_arrays(batch, tokenizer, settings)
+    ids = _list_array(out["input_ids"])
     shared = all(labels is row for labels, row in zip(out["labels"], out["input_ids"], strict=True))
-    out["labels"] = ids if shared else pa.array(out["labels"], pa.list_(pa.int32()))
+    out["labels"] = ids if shared else _list_array(out["labels"])
     out["input_ids"] = ids
     out[SOURCE] = batch[SOURCE]  # which source each row came from, for the mixture
     return pa.table(out, schema=_features().arrow_schema)
+
+
+def _list_array(rows: list[np.ndarray]) -> pa.ListArray:
+    """int32 arrays as one Arrow list<int32> column: their concatenation and where each starts."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(row) for row in rows], out=offsets[1:])
+    values = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()))
 
 
 def _features():

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from .labels import IGNORE_INDEX
 from .templates import end_of_turn
 
@@ -36,13 +38,26 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     returned uncut) and ft_no_loss (no label != -100 left). Everything is plain Python lists; where every token
     of a row is trained on, its labels list IS its input_ids list (one object: callers may convert it once).
 
-    Counted before max_length cuts anything (the ``STATS`` columns): ft_full_length (tokens), ft_trained_full
-    (tokens with loss), ft_turns (runs of trained tokens: an assistant turn, a completion) and ft_turns_stopped
-    (those whose last trained token, whitespace after it aside, is ``stop_token_id``: the model learns to stop).
+    Counted before max_length cuts anything (the ``STATS`` columns but ft_trained): ft_full_length (tokens),
+    ft_trained_full (tokens with loss), ft_turns (runs of trained tokens: an assistant turn, a completion) and
+    ft_turns_stopped (those whose last trained token, whitespace after it aside, is ``stop_token_id``: the model
+    learns to stop); after the cut, ft_trained (tokens with loss kept: callers sum it instead of every label).
 
     Chat rows are rendered by ``settings.template`` (which writes its own BOS, if any); text rows are tokenized
     with the tokenizer's special tokens (e.g. its BOS) and end with ``eos_token_id`` (trained on).
     """
+    out = tokenize_arrays(batch, tokenizer, settings)
+    ids = [row.tolist() for row in out["input_ids"]]
+    out["labels"] = [ids[i] if labels is row else labels.tolist()
+                     for i, (row, labels) in enumerate(zip(out["input_ids"], out["labels"], strict=True))]
+    out["input_ids"] = ids
+    return out
+
+
+def tokenize_arrays(batch: dict[str, list], tokenizer, settings: TokenizeSettings) -> dict[str, list]:
+    """``tokenize_batch`` with each row's input_ids and labels as an int32 numpy array (labels that are every token
+    IS the input_ids array), for callers that hand the rows to Arrow whole: masks are computed on arrays, since a
+    Python loop per token cost more than the tokenizer itself."""
     if settings.truncation not in ("truncate", "drop") or settings.train_on not in ("assistant", "all"):
         raise ValueError(f"bad TokenizeSettings: truncation={settings.truncation!r}, train_on={settings.train_on!r}")
     if not getattr(tokenizer, "is_fast", False):
@@ -56,7 +71,7 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     return _limit(ids, labels, turns, settings)
 
 
-STATS = ("ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped")
+STATS = ("ft_full_length", "ft_trained_full", "ft_turns", "ft_turns_stopped", "ft_trained")
 
 
 def stop_token_id(settings: TokenizeSettings, tokenizer) -> int | None:
@@ -71,51 +86,53 @@ def _stop_id(eot: str, tokenizer) -> int | None:
     return ids[-1] if ids else tokenizer.eos_token_id
 
 
-def _turns(ids: list[int], labels: list[int], stop: int | None, blank=None) -> tuple[int, int, int]:
+def _turns(ids: np.ndarray, labels: np.ndarray, stop: int | None, blank=None) -> tuple[int, int, int]:
     """(trained tokens, trained turns, turns ending with ``stop``) of one row; ``blank(i)`` says token i is only
     whitespace (skipped back over at a turn's end, as a template's newline after its end-of-turn token)."""
     if labels is ids:
-        bounds = [(0, len(ids) - 1)] if ids else []
+        bounds = [(0, len(ids) - 1)] if len(ids) else []
         trained = len(ids)
     else:
-        bounds, start, trained = [], None, 0
-        for i, label in enumerate(labels):
-            if label != IGNORE_INDEX:
-                trained += 1
-                if start is None:
-                    start = i
-            elif start is not None:
-                bounds.append((start, i - 1))
-                start = None
-        if start is not None:
-            bounds.append((start, len(labels) - 1))
-    stopped = 0
+        on = labels != IGNORE_INDEX
+        trained = int(on.sum())
+        edges = np.diff(on.astype(np.int8), prepend=0, append=0)  # +1 where a run of trained tokens starts, -1 after
+        bounds = zip(np.flatnonzero(edges == 1).tolist(), (np.flatnonzero(edges == -1) - 1).tolist(), strict=True)
+    stopped, count = 0, 0
     for start, end in bounds:
+        count += 1
         while blank is not None and end > start and blank(end):
             end -= 1
-        stopped += stop is not None and ids[end] == stop
-    return trained, len(bounds), stopped
+        stopped += stop is not None and int(ids[end]) == stop
+    return trained, count, stopped
 
 
-def _chat_rows(conversations: list, tokenizer, settings: TokenizeSettings) -> tuple[list, list]:
+def _chat_rows(conversations: list, tokenizer, settings: TokenizeSettings) -> tuple[list, list, list]:
     render = tokenizer.apply_chat_template
     texts = [render(messages, tokenize=False, chat_template=settings.template) for messages in conversations]
-    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    enc = tokenizer(texts, add_special_tokens=False)
     eot = end_of_turn(settings.template, tokenizer).strip()
     stop = _stop_id(eot, tokenizer)
-    labels, turns = [], []
-    rows = zip(conversations, texts, enc["input_ids"], enc["offset_mapping"], strict=True)
-    for messages, text, ids, offsets in rows:
+    all_ids, labels, turns = [], [], []
+    rows = zip(conversations, texts, enc["input_ids"], enc.encodings, strict=True)
+    for messages, text, row_ids, encoding in rows:
+        ids = np.fromiter(row_ids, dtype=np.int32, count=len(row_ids))
         if settings.train_on == "all":
             row_labels = ids
         else:
             spans = _assistant_spans(messages, text, eot)
             if spans is None:
                 spans = _assistant_spans_by_prefix(messages, text, tokenizer, settings.template)
-            row_labels = _mask(ids, offsets, spans, text)
+            row_labels = _mask(ids, encoding, spans, text)
+        all_ids.append(ids)
         labels.append(row_labels)
-        turns.append(_turns(ids, row_labels, stop, lambda i, o=offsets, t=text: t[o[i][0]:o[i][1]].isspace()))
-    return enc["input_ids"], labels, turns
+        turns.append(_turns(ids, row_labels, stop, lambda i, e=encoding, t=text: _blank(e, t, i)))
+    return all_ids, labels, turns
+
+
+def _blank(encoding, text: str, token: int) -> bool:
+    """Token ``token`` is only whitespace (a token with no characters is not)."""
+    chars = encoding.token_to_chars(token)
+    return chars is not None and chars[0] < chars[1] and text[chars[0]:chars[1]].isspace()
 
 
 def _assistant_spans(messages: list[dict], text: str, eot: str) -> list[Span] | None:
@@ -183,25 +200,47 @@ def _assistant_spans_by_prefix(messages: list[dict], text: str, tokenizer, templ
     return spans
 
 
-def _mask(ids: list[int], offsets: list[Span], spans: list[Span], text: str) -> list[int]:
+def _mask(ids: np.ndarray, encoding, spans: list[Span], text: str) -> np.ndarray:
     """Labels: a token keeps its id iff its characters lie inside a span (sorted, disjoint), else -100.
 
-    A token whose offsets are empty (e.g. a special token) is matched by its position. A token that starts
-    with whitespace before a span (" answer" after "[/INST]") counts as inside when the rest of it is.
+    A token that starts with whitespace before a span (" answer" after "[/INST]") counts as inside when the rest of
+    it is. The tokens inside a span are a run, found from its two ends through the tokenizer's own character index
+    (``encoding``: the row's ``tokenizers.Encoding``), never a Python step per token: the offsets of every token
+    cost more to bring into Python than the tokenization itself.
     """
-    labels, j = [], 0
-    for token, (start, end) in zip(ids, offsets, strict=True):
-        while j < len(spans) and spans[j][1] <= start:
-            j += 1
-        inside = False
-        if j < len(spans):
-            a, b = spans[j]
-            if start == end:
-                inside = a <= start < b
-            else:
-                inside = end <= b and (a <= start or (start < a < end and text[start:a].isspace()))
-        labels.append(token if inside else IGNORE_INDEX)
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
+    for a, b in spans:
+        first, last = _first_inside(encoding, text, a, b), _last_inside(encoding, a, b)
+        if first is not None and last is not None and first <= last:
+            labels[first:last + 1] = ids[first:last + 1]
     return labels
+
+
+def _first_inside(encoding, text: str, a: int, b: int) -> int | None:
+    """The first token inside [a, b): the one holding the span's first character that a token holds, or the next
+    one when it starts before ``a`` with more than whitespace there, or ends after ``b``."""
+    token = next((t for c in range(a, b) if (t := encoding.char_to_token(c)) is not None), None)
+    if token is None:
+        return None
+    start, end = encoding.token_to_chars(token)
+    if start < a and not (text[start:a].isspace() and end <= b):
+        return token + 1
+    return token
+
+
+def _last_inside(encoding, a: int, b: int) -> int | None:
+    """The last token inside [a, b): the last one holding the span's last character that a token holds (a
+    character split into several tokens, the bytes of an "é", is held by all of them), or the one before when
+    it ends after ``b``."""
+    token = next((t for c in range(b - 1, a - 1, -1) if (t := encoding.char_to_token(c)) is not None), None)
+    if token is None:
+        return None
+    if encoding.token_to_chars(token)[1] > b:
+        return token - 1
+    while token + 1 < len(encoding) and (chars := encoding.token_to_chars(token + 1)) is not None \
+            and chars[0] < chars[1] <= b:
+        token += 1
+    return token
 
 
 def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: TokenizeSettings):
@@ -209,19 +248,21 @@ def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: 
     texts = completions
     if any(prompts):
         texts = [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
-    enc = tokenizer(texts, return_offsets_mapping=masked)
-    offsets = enc["offset_mapping"] if masked else [None] * len(texts)
+    enc = tokenizer(texts)
     eos = tokenizer.eos_token_id
     all_ids, all_labels, turns = [], [], []
-    for prompt, text, ids, spans in zip(prompts, texts, enc["input_ids"], offsets, strict=True):
-        labels = _mask(ids, spans, [(len(prompt), len(text))], text) if masked and prompt else ids
+    for prompt, text, row_ids, encoding in zip(prompts, texts, enc["input_ids"], enc.encodings, strict=True):
+        ids = np.fromiter(row_ids, dtype=np.int32, count=len(row_ids))
+        labels = ids
+        if masked and prompt:
+            labels = _mask(ids, encoding, [(len(prompt), len(text))], text)
         if eos is not None:
-            if ids and ids[-1] == eos:
+            if len(ids) and ids[-1] == eos:
                 labels[-1] = eos  # an EOS the tokenizer appended (its offsets are often empty)
             else:
-                ids.append(eos)
-                if labels is not ids:
-                    labels.append(eos)
+                trained_all = labels is ids
+                ids = np.append(ids, np.int32(eos))
+                labels = ids if trained_all else np.append(labels, np.int32(eos))
         all_ids.append(ids)
         all_labels.append(labels)
         turns.append(_turns(ids, labels, eos))
@@ -248,5 +289,7 @@ def _limit(all_ids: list, all_labels: list, turns: list, settings: TokenizeSetti
         out["length"].append(len(ids))
         out["ft_truncated"].append(truncated)
         out["ft_too_long"].append(too_long and settings.truncation == "drop")
-        out["ft_no_loss"].append(all(label == IGNORE_INDEX for label in labels))
+        kept = len(ids) if labels is ids else int(np.count_nonzero(labels != IGNORE_INDEX))
+        out["ft_trained"].append(kept)
+        out["ft_no_loss"].append(not kept)
     return out

@@ -75,7 +75,9 @@ class DataSection(Section):
         "assistant", description="Which tokens carry loss: assistant turns (chat) / completions (text) only, or all.")
     chat_template: Optional[StrictStr] = Field(
         None, description="Unset: the tokenizer's own; `chatml` or `llama3`; or an inline Jinja template.")
-    num_proc: Optional[PositiveInt] = Field(None, description="Processes for tokenization.")
+    num_proc: Optional[PositiveInt] = Field(
+        None, description="Processes that tokenize (TRL's `dataset_num_proc` for the methods TRL tokenizes). For SFT, "
+        "unset or 1 tokenizes in this process, where the tokenizer uses its own threads.")
     prepared_path: Optional[StrictStr] = Field(
         None, description="Where `ft preprocess` writes the tokenized dataset and `ft train` reads it "
         "(relative to the working directory).")
