@@ -4,8 +4,9 @@ Chat rows have ``messages`` (a list of ``{"role", "content"}``); text rows have 
 and ``completion``. ``tokenize_batch`` is written for ``datasets.Dataset.map(batched=True)``.
 
 Chat masks are found in character space: each conversation is rendered once with its chat template and
-tokenized once with offsets; the assistant contents (plus the template's end-of-turn text, so the model learns
-to stop) are located in the rendered text, and a token carries loss iff its characters lie inside such a span.
+tokenized once; the assistant contents (plus the template's end-of-turn text, so the model learns to stop) are
+located in the rendered text, and a token carries loss iff its characters lie inside such a span (the run of such
+tokens found from the span's two ends through the tokenizer's character index).
 """
 
 from __future__ import annotations
