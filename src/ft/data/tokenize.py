@@ -253,17 +253,14 @@ def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: 
     eos = tokenizer.eos_token_id
     all_ids, all_labels, turns = [], [], []
     for prompt, text, row_ids, encoding in zip(prompts, texts, enc["input_ids"], enc.encodings, strict=True):
+        if eos is not None and not (row_ids and row_ids[-1] == eos):
+            row_ids.append(eos)  # added while the row is still a list: one array per row, not a copy with it
         ids = np.fromiter(row_ids, dtype=np.int32, count=len(row_ids))
         labels = ids
         if masked and prompt:
             labels = _mask(ids, encoding, [(len(prompt), len(text))], text)
-        if eos is not None:
-            if len(ids) and ids[-1] == eos:
-                labels[-1] = eos  # an EOS the tokenizer appended (its offsets are often empty)
-            else:
-                trained_all = labels is ids
-                ids = np.append(ids, np.int32(eos))
-                labels = ids if trained_all else np.append(labels, np.int32(eos))
+            if eos is not None:
+                labels[-1] = eos  # the EOS, ft's or the tokenizer's own (whose offsets are often empty), is trained
         all_ids.append(ids)
         all_labels.append(labels)
         turns.append(_turns(ids, labels, eos))
