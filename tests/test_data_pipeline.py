@@ -310,6 +310,17 @@ def test_a_weighted_mixture_is_prepared_in_its_proportions_and_counted_per_sourc
     assert _prepare(path).train["input_ids"] == again.train["input_ids"] == prepared["input_ids"]
 
 
+def test_a_weighted_source_left_with_no_rows_is_named(workdir, write_recipe):
+    """Every row of data.train.1 is longer than max_length and dropped: that source cannot take its share."""
+    long = {"messages": [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "yes"}]}
+    (workdir / "long.jsonl").write_text(json.dumps(long) + "\n")
+    train = [{"path": str(workdir / "train.jsonl"), "format": "chat", "weight": 1},
+             {"path": str(workdir / "long.jsonl"), "format": "chat", "weight": 1}]
+    path = _recipe(workdir, write_recipe, train=train, truncation="drop", prepared_path=None)
+    with pytest.raises(data.DataError, match=r"data\.train\.1: no rows of this source are left"):
+        _prepare(path)
+
+
 def test_a_weighted_mixture_of_preference_pairs_goes_to_trl_in_its_proportions(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out")
     recipe.update(method="dpo")

@@ -65,8 +65,8 @@ def weighted(dataset: datasets.Dataset, weights: list[float], seed: int, stop: s
     a column of row positions per source, so the rows themselves are only selected, never copied or re-tokenized."""
     sources = np.asarray(dataset.with_format("numpy")[SOURCE])
     positions = [datasets.Dataset.from_dict({"at": np.flatnonzero(sources == i)}) for i in range(len(weights))]
-    if any(not len(part) for part in positions):
-        empty = next(i for i, part in enumerate(positions) if not len(part))
+    empty = next((i for i, part in enumerate(positions) if not len(part)), None)
+    if empty is not None:
         raise DataError(f"data.train.{empty}: no rows of this source are left (see the counts above), so it cannot "
                         "take its share of the mixture; fix its rows or remove it.")
     drawn = datasets.interleave_datasets(positions, probabilities=weights, seed=seed, stopping_strategy=stop)
