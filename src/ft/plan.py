@@ -23,7 +23,8 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from .model.loading import gguf_problems, load_config, names_a_path
+from .inference.locate import start_config
+from .model.loading import ModelLoadError, gguf_problems, names_a_path
 from .recipe import Recipe
 from .recipe.methods import METHODS
 from .recipe.optimizers import traits
@@ -101,7 +102,9 @@ def read_shape(recipe: Recipe) -> Shape:
     if problems:
         raise PlanError(problems[0].render())
     try:
-        config = load_config(model)
+        config = start_config(model)  # a run's: its base's config
+    except ModelLoadError as exc:  # a run that cannot be read: said as ft merge says it
+        raise PlanError(str(exc)) from None
     except (OSError, ValueError) as exc:
         if names_a_path(model.name):
             raise PlanError(f"model.name: {model.name!r} is not a directory (a relative path is read from the "

@@ -27,6 +27,7 @@ from .locate import (
     load_tokenizer,
     locate,
     scoring_model,
+    start_config,
 )
 from .modelfile import modelfile_text
 
@@ -126,12 +127,10 @@ def _base_model_type(found: Found) -> str | None:
     (a GGUF base, whose metadata takes as long to parse as the load that follows: the loaded model is checked)."""
     from transformers import AutoConfig
 
-    from ..model.loading import load_config
-
     try:
         base = find_base(found, ARG)
         if base.recipe is not None:
-            return None if base.recipe.model.gguf_file else load_config(base.recipe.model).model_type
+            return None if base.recipe.model.gguf_file else start_config(base.recipe.model).model_type
         return AutoConfig.from_pretrained(base.name, revision=base.revision).model_type
     except Exception:  # noqa: BLE001 - only an early check: loading the base reports any real problem
         return None

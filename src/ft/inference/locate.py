@@ -1,11 +1,18 @@
 """What a run left, found and loaded: its model or adapter (``locate``), the base an adapter was trained on
 (``find_base``, ``load_base``), and a model with its tokenizer ready to generate (``load_for_generation``), for
-``ft merge`` and ``ft generate``.
+``ft merge`` and ``ft generate``; and the model, tokenizer and config of a recipe whose ``model.name`` is a run
+(``load_start``, ``start_tokenizer``, ``start_config``), for ``ft train``, ``ft preprocess`` and ``ft plan``.
 
 A run leaves ``final/`` (or ``checkpoint-N/``) holding either a full model or a PEFT adapter, next to the resolved
 ``recipe.yaml`` and ``summary.json``. An adapter is useless without the exact base it was trained on, so the base is
 rebuilt from what the run recorded rather than from the adapter's own ``base_model_name_or_path`` alone: the
 recipe's model section (revision, dtype, trust_remote_code, quantization) and, for ``model.init: random``, the seed.
+
+A recipe may start from a run: ``model.name`` naming a run directory, its final/ or a checkpoint-N/ (``named_run``).
+A full model there is loaded as any model folder; a LoRA adapter is folded into the base it was trained on, as
+``ft merge`` folds it but in memory, and the folded weights are loaded with the recipe's own class, dtype and
+quantization (``load_start``): SFT with LoRA, then a reward model or DPO from it, without a merge step between. The
+base of such a run may itself be a run: each is rebuilt the same way, in turn.
 
 Random-init bases: ``ft.model.loading.load_model`` seeds the RNG right before it builds the model from its config,
 so the same recipe and seed give bit-identical weights (with the same torch and transformers versions). A run
@@ -20,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model.loading import ModelLoadError, load_config, load_model, load_weights, names_a_path
 from ..recipe.errors import first_line
+from ..recipe.methods import METHODS
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -164,11 +173,9 @@ def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
     _check_weights(base, arg)
     say(f"ft: base {base.name}{'@' + base.revision if base.revision else ''} (pretrained, from {base.source})")
     if base.recipe is not None:
-        from ..model.loading import ModelLoadError, load_model
-
         section = base.recipe.model.model_copy(update={"quantization": None, "dtype": dtype})
         try:
-            return load_model(base.recipe.model_copy(update={"model": section}), seed=base.seed or 0)
+            return load_start(base.recipe.model_copy(update={"model": section}), seed=base.seed or 0, say=say)
         except ModelLoadError as exc:
             raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
     return _from_pretrained(base, dtype, arg)
@@ -181,8 +188,6 @@ def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
                              "from the run's recipe.yaml (its model section and seed), and none sits next to the "
                              "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
                              "its recipe.yaml) instead.")
-    from ..model.loading import ModelLoadError, load_model
-
     say(f"ft: base {base.name} rebuilt from random init with seed {base.seed} (from {base.source})")
     section = base.recipe.model.model_copy(update={"quantization": None})  # trained on it quantized: see above
     try:
@@ -202,6 +207,8 @@ def _check_weights(base: Base, arg: str) -> None:
             raise InferenceError(f"{arg}: the adapter's base (from {base.source}): {problems[0].render()}")
         return
     folder = Path(base.name)
+    if base.recipe is not None and named_run(base.recipe.model) is not None:
+        return  # a run: its adapter and base are checked as they load (load_start)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise InferenceError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
                              "weights: the run built it with model.init: random, and only the run directory records "
@@ -250,7 +257,6 @@ def load_as_trained(found: Found, tokenizer, arg: str):
     QLoRA base in 4 or 8 bits). None without the run's recipe (a bare adapter folder records no quantization)."""
     from ..model.adapters import fit_embeddings
     from ..model.bnb_import import import_bitsandbytes
-    from ..model.loading import ModelLoadError, load_model
 
     base = find_base(found, arg)
     if base.recipe is None:
@@ -259,11 +265,95 @@ def load_as_trained(found: Found, tokenizer, arg: str):
     from peft import PeftModel
 
     try:
-        model = load_model(base.recipe, seed=base.seed or 0)
+        model = load_start(base.recipe, seed=base.seed or 0)
     except ModelLoadError as exc:
         raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
     fit_embeddings(model, tokenizer)
     return PeftModel.from_pretrained(model, str(found.path)).eval()
+
+
+# --- a recipe that starts from a run -------------------------------------------------------------------------------
+
+def named_run(section) -> Found | None:
+    """What ``model.name`` names when it is a run ``ft train`` left (its directory, final/ or a checkpoint-N/) or an
+    adapter folder, found as ``ft merge`` finds it; None for anything else: a model folder (config.json, or a GGUF
+    file), a hub id, a path that does not exist (``ft.model.loading`` loads those, and explains what is missing)."""
+    path = Path(section.name).expanduser()
+    if not names_a_path(section.name) or section.gguf_file or not path.is_dir():
+        return None
+    if not any((path / name).exists() for name in ("adapter_config.json", "recipe.yaml", "final")):
+        return None
+    try:
+        return locate(path, "model.name")
+    except InferenceError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def starts_from_adapter(section) -> bool:
+    """Whether ``model.name`` is a LoRA run, whose weights exist only once folded (no folder holds them)."""
+    found = named_run(section)
+    return found is not None and found.kind == "adapter"
+
+
+def load_start(recipe, seed: int, say: Callable[[str], None] = lambda _: None):
+    """The model ``recipe`` trains from: ``ft.model.loading.load_model`` for a model; for a run, its full model, or its
+    LoRA adapter folded into the base it was trained on (``merge_and_unload``, as ``ft merge``), loaded with this
+    recipe's class (a reward model's score head new), dtype, attention kernel and quantization."""
+    found = named_run(recipe.model)
+    if found is None:
+        return load_model(recipe, seed)
+    if recipe.model.init == "random":
+        raise ModelLoadError(f"model.init: random builds a model from its config with new weights, but model.name "
+                             f"({recipe.model.name}) is a run, whose point is its trained weights; set model.init: "
+                             "pretrained, or name the run's base model to start afresh.")
+    if scoring_model(found) and not METHODS[recipe.method].scores:
+        raise ModelLoadError(f"model.name: {found.path} is a reward model (it scores a text with one number), and "
+                             f"method {recipe.method} trains a model that writes text; start from the policy model "
+                             "it scores instead.")
+    if found.kind == "full":
+        return load_model(recipe.model_copy(update={"model": recipe.model.model_copy(
+            update={"name": str(found.path)})}), seed)
+    try:
+        model, _ = load_adapter_model(found, None, "model.name", say)
+    except InferenceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    say(f"ft: model.name is a LoRA run: its adapter ({found.path}) folded into its base")
+    folded = model.merge_and_unload(safe_merge=True)
+    return load_weights(recipe, seed, folded.config, folded.state_dict())
+
+
+def start_tokenizer(section, say: Callable[[str], None] | None = None):
+    """The tokenizer of the model ``section`` names: for a run, the one saved with its model or adapter (with the chat
+    template it trained with), else its base's."""
+    from ..model.loading import load_tokenizer as load_named
+
+    found = named_run(section)
+    if found is None:
+        return load_named(section, say)
+    try:
+        base = find_base(found, "model.name") if found.kind == "adapter" else None
+        return load_tokenizer(found, "model.name", say or (lambda _: None), base)
+    except InferenceError as exc:
+        raise ModelLoadError(str(exc)) from None
+
+
+def start_config(section):
+    """The config of the model ``section`` names, without weights: for a LoRA run, its base's (a LoRA adapter leaves
+    the shapes as they were)."""
+    found = named_run(section)
+    if found is None:
+        return load_config(section)
+    from transformers import AutoConfig
+
+    if found.kind == "full":
+        return AutoConfig.from_pretrained(found.path)
+    try:
+        base = find_base(found, "model.name")
+    except InferenceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if base.recipe is not None:
+        return start_config(base.recipe.model)
+    return AutoConfig.from_pretrained(base.name, revision=base.revision)
 
 
 # --- a model to generate with -------------------------------------------------------------------------------------

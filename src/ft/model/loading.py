@@ -162,6 +162,30 @@ def load_model(recipe: Recipe, seed: int):
         raise ModelLoadError(f"model.gguf_file: {GGUF_MISSING}") from None
 
 
+def load_weights(recipe: Recipe, seed: int, config, state_dict: dict):
+    """The model the recipe trains, from weights already in memory (a LoRA run folded into its base:
+    ``ft.inference.locate.load_start``), loaded as ``load_model`` loads a folder: the recipe's class (a scoring
+    method's head new, drawn with ``seed``), dtype, attention kernel and quantization. transformers'
+    ``from_pretrained(None, config=..., state_dict=...)`` loads them; the auto classes need a name to read, so the
+    concrete class is taken from one built on the meta device (no memory, no weights drawn)."""
+    import torch
+
+    section, auto = recipe.model, model_class(recipe)
+    config = copy.deepcopy(config)
+    for key, value in _head_kwargs(recipe).items():
+        setattr(config, key, value)
+    try:
+        with torch.device("meta"):
+            concrete = type(auto.from_config(config, trust_remote_code=section.trust_remote_code))
+        _seed_new_head(recipe, seed)
+        model = concrete.from_pretrained(None, config=config, state_dict=state_dict,
+                                         **_weights_kwargs(section, fsdp=uses_fsdp(recipe)))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(_explain(section, "model", exc)) from None
+    model.config._name_or_path = model.name_or_path = section.name  # what an adapter records as its base
+    return model
+
+
 def _plain(model, section: ModelSection, auto):
     """The de-quantized weights of a model loaded from a GGUF file in a plain model of its config (no quantizer
     attached: it saves), built on the meta device and handed the tensors themselves (no copy, no random init); the

@@ -39,7 +39,9 @@ class QuantizationSection(Section):
 
 
 class ModelSection(Section):
-    name: StrictStr = Field(description="A hub id (org/name) or a local directory with config.json.")
+    name: StrictStr = Field(description="A hub id (org/name), a local directory with config.json (or with "
+                            "`gguf_file`), or a run ft train left (its directory, final/ or a checkpoint-N/): a LoRA "
+                            "run's adapter is folded into its base as it loads (docs/adapters.md).")
     init: Literal["pretrained", "random"] = Field(
         "pretrained", description="`pretrained` loads weights; `random` builds the model from its config."
     )

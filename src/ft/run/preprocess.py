@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import data
+from ..inference import locate
 from ..model import loading
 from ..recipe import LoadedRecipe, Problem
 
@@ -19,5 +20,5 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     problems = loading.gguf_problems(recipe.model)
     if problems:
         raise loaded.error(problems)
-    tokenizer = loading.load_tokenizer(recipe.model)
+    tokenizer = locate.start_tokenizer(recipe.model)
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)

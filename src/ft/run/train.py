@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import data
-from ..inference import exact_match
+from ..inference import exact_match, locate
 from ..model import adapters, bnb_import, loading
 from ..outputs import checkpoints, disk, hub_push
 from ..outputs.plots import write_plots
@@ -211,7 +211,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
-    tokenizer = loading.load_tokenizer(recipe.model, say)
+    tokenizer = locate.start_tokenizer(recipe.model, say)  # model.name may be a run: ft.inference.locate
     problems = loading.token_problems(recipe, tokenizer)
     if problems:  # located by train(): file and line
         raise RecipeError(problems)
@@ -225,7 +225,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
                                  builder=ranks.is_main(), world_size=ranks.world_size())
     data_ready = time.perf_counter()
-    model = loading.load_model(recipe, seed=recipe.train_args.get("seed", 42))
+    model = locate.load_start(recipe, seed=recipe.train_args.get("seed", 42), say=say)
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
     # ft's defaults: this machine's, then what distributed: maps to (over the machine's), then JIT checkpointing
     defaults = {**hardware.device_defaults(recipe, hw),

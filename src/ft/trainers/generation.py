@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 
+from ..inference.locate import starts_from_adapter
 from ..recipe import Recipe
 from .build import TrainerInputs
 from .learned_reward import reward_inputs
@@ -73,9 +74,10 @@ def _save_on_this_rank(model, folder: str) -> None:
 
 
 def snapshot_reference(recipe: Recipe) -> bool:
-    """Whether TRL cannot load the start model by its name: built from its config (no weights on disk), or read from
-    a GGUF file (a folder or repository TRL would read without its ``gguf_file``)."""
-    return recipe.model.init == "random" or recipe.model.gguf_file is not None
+    """Whether TRL cannot load the start model by its name: built from its config (no weights on disk), read from
+    a GGUF file (a folder or repository TRL would read without its ``gguf_file``), or a LoRA run folded on load."""
+    return (recipe.model.init == "random" or recipe.model.gguf_file is not None
+            or starts_from_adapter(recipe.model))
 
 
 def section_kwargs(recipe: Recipe) -> dict:
