@@ -63,11 +63,21 @@ def wrong_answer(q, rng):
     return str(right + rng.choice([d for d in offsets if right + d >= 0]))
 
 
-def preference_row(draw, rng):
+def preference_row(draw, rng, wrong=wrong_answer):
     q = draw()
     return {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(q)}],
             "chosen": [{"role": "assistant", "content": answer(q)}],
-            "rejected": [{"role": "assistant", "content": wrong_answer(q, rng)}]}
+            "rejected": [{"role": "assistant", "content": wrong(q, rng)}]}
+
+
+def wrong_last_digit(q, rng):
+    """A near miss in the last digit alone (off by 1-3; never negative): the kind a reward model finds hardest."""
+    right = int(answer(q))
+    return str(right + rng.choice([d for d in (-3, -2, -1, 1, 2, 3) if right + d >= 0]))
+
+
+def last_digit_row(draw, rng):
+    return preference_row(draw, rng, wrong_last_digit)
 
 
 def prompt_row(draw, rng):
@@ -129,6 +139,7 @@ def main() -> None:
         "preference-eval.jsonl": (preference_row, held_out, 200),
         "prompts.jsonl": (prompt_row, train_pool, 1000), "prompts-eval.jsonl": (prompt_row, held_out, 200),
         "instruction.jsonl": (instruction_row, train_pool, 200), "text.jsonl": (text_row, train_pool, 200),
+        "preference-digits.jsonl": (last_digit_row, train_pool, 3000),  # last: the files above stay as they were
     }
     written = {}
     for name, (make, pool, n) in files.items():
@@ -143,7 +154,7 @@ def main() -> None:
     eval_q = set().union(*(questions_in(r) for k, rows in written.items() if "eval" in k
                            for r in rows))
     assert not train_q & eval_q, "eval questions leak into training files"
-    for name in ("preference.jsonl", "preference-eval.jsonl"):
+    for name in ("preference.jsonl", "preference-eval.jsonl", "preference-digits.jsonl"):
         for r in written[name]:
             (q,) = questions_in(r)
             assert r["chosen"][0]["content"] == str(eval(q)) != r["rejected"][0]["content"]
@@ -154,7 +165,7 @@ def main() -> None:
         assert r["answer"] == str(eval(q))
     multi = sum(len(r["messages"]) == 5 for r in written["train.jsonl"])
     total = sum((out / name).stat().st_size for name in files)
-    assert total < 2_000_000, total
+    assert total < 3_000_000, total
     print(f"multi-turn train rows: {multi}/3000; total size {total:,} bytes; self-check OK")
 
 

@@ -356,8 +356,8 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
     section, notes = recipe.model, []
     producer = _producer(section.name, base_dir)
     if producer is not None:  # the model of another recipe's run
-        path, section = producer
-        notes.append(f"{recipe.model.name} {_written_by(recipe.model.name, path)}, whose model is {section.name}")
+        said, section = producer
+        notes.append(f"{recipe.model.name} {said}, whose model is {section.name}")
     try:
         tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
                                    recipe.train_args.get("seed", 42), notes, named=recipe.model.name,
@@ -397,8 +397,8 @@ def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: 
         section = ModelSection(name=spec.model, trust_remote_code=recipe.model.trust_remote_code)
         producer = _producer(spec.model, base_dir)
         if producer is not None:
-            path, section = producer
-            notes.append(f"{spec.model} {_written_by(spec.model, path)}, from {section.name}")
+            said, section = producer
+            notes.append(f"{spec.model} {said}, from {section.name}")
         try:
             tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
                                        recipe.train_args.get("seed", 42), notes, named=spec.model,
@@ -413,15 +413,15 @@ def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: 
 
 
 def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, ModelSection] | None:
-    """(recipe path, its model section) when ``name`` is a run: one another recipe next to this one writes and that
-    does not exist yet (``../runs/quickstart/final``: the quickstart's run directory, its ``final/`` or one of its
-    checkpoints), or one that exists with no model folder of its own (a LoRA run, or a run directory), read from its
-    recipe.yaml; a run of a run is followed to the model it started from."""
+    """(what the run is, naming its recipe; the model section it starts from) when ``name`` is a run: one another
+    recipe next to this one writes and that does not exist yet (``../runs/quickstart/final``: the quickstart's run
+    directory, its ``final/`` or one of its checkpoints), or one that exists with no model folder of its own (a LoRA
+    run, or a run directory), read from its recipe.yaml; a run of a run is followed to the model it started from."""
     if not names_a_path(name) or depth == 0:
         return None
-    if Path(name).exists():
-        return _trained_run(Path(name), depth)
     target = (base_dir / Path(name).expanduser()).resolve()
+    if target.exists():
+        return _trained_run(target, depth)
     for path in sorted(base_dir.glob("*.y*ml")):
         try:
             other = load_recipe(path).recipe
@@ -430,14 +430,14 @@ def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, ModelSect
         out = Path(str(other.train_args["output_dir"])).resolve()
         if target in (out, out / "final") or (target.parent == out and target.name.startswith("checkpoint-")):
             deeper = _producer(other.model.name, path.resolve().parent, depth - 1)
-            return (str(path), deeper[1] if deeper else other.model)
+            return f"does not exist yet; it is what {path} writes", deeper[1] if deeper else other.model
     return None
 
 
 def _trained_run(path: Path, depth: int) -> tuple[str, ModelSection] | None:
-    """(its recipe.yaml, the model it started from) for a run that exists (its directory, final/ or a checkpoint;
-    finished or not: the real run says what it lacks); None for a model folder (its config and tokenizer are read as
-    they are) or a folder without a run's recipe.yaml."""
+    """(what the run is, naming its recipe.yaml; the model it started from) for a run that exists (its directory,
+    final/ or a checkpoint; finished or not: the real run says what it lacks); None for a model folder (its config and
+    tokenizer are read as they are) or a folder without a run's recipe.yaml."""
     if not path.is_dir() or (path / "config.json").is_file():
         return None
     recipe_file = next((folder / "recipe.yaml" for folder in (path, path.parent) if (folder / "recipe.yaml").is_file()),
@@ -449,14 +449,7 @@ def _trained_run(path: Path, depth: int) -> tuple[str, ModelSection] | None:
     except RecipeError:  # a recipe.yaml that no longer loads: the real run says so
         return None
     deeper = _producer(model.name, recipe_file.parent, depth - 1)
-    return str(recipe_file), deeper[1] if deeper else model
-
-
-def _written_by(name: str, recipe_path: str) -> str:
-    """How a note names the run ``name`` is: written by the recipe at ``recipe_path``, or not yet."""
-    if Path(name).exists():
-        return f"is the run {recipe_path} records"
-    return f"does not exist yet; it is what {recipe_path} writes"
+    return f"is the run {recipe_file} records", deeper[1] if deeper else model
 
 
 def _adapter_path(edits: _Edits, recipe: Recipe) -> None:
