@@ -6,6 +6,7 @@ the tiny shared runs (conftest: ``lora_run``, a LoRA on a full fine-tune, and ``
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,18 @@ def test_a_reward_run_started_from_a_lora_run_trains_plans_and_merges_on_the_fol
 
     with pytest.raises(ModelLoadError, match="reward model"):  # a scorer is no start for a model that writes text
         load_start(_loaded(tmp_path, _recipe(tmp_path, "sft", str(run))), seed=0)
+
+    # the run it started from, left unfinished (no final/): ft merge names it, exit 2, no traceback
+    unfinished, moved = tmp_path / "unfinished", tmp_path / "moved"
+    unfinished.mkdir()
+    (unfinished / "recipe.yaml").write_text((lora_run / "recipe.yaml").read_text())
+    shutil.copytree(run / "final", moved / "final")
+    for name in ("recipe.yaml", "summary.json"):
+        (moved / name).write_text((run / name).read_text().replace(str(lora_run), str(unfinished)))
+    refused = run_ft("merge", str(moved), "--out", str(tmp_path / "not-merged"))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "is a run that cannot be loaded" in refused.stderr and "has no final/" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_run_is_no_start_for_random_init_and_a_run_without_final_is_named(lora_run, tmp_path):

@@ -207,7 +207,12 @@ def _check_weights(base: Base, arg: str) -> None:
             raise InferenceError(f"{arg}: the adapter's base (from {base.source}): {problems[0].render()}")
         return
     folder = Path(base.name)
-    if base.recipe is not None and named_run(base.recipe.model) is not None:
+    try:
+        started_from_run = base.recipe is not None and named_run(base.recipe.model) is not None
+    except ModelLoadError as exc:  # the run it started from is gone or unfinished (no final/)
+        raise InferenceError(f"{arg}: the adapter's base (from {base.source}) is a run that cannot be loaded: "
+                             f"{str(exc).removeprefix('model.name: ')}") from None
+    if started_from_run:
         return  # a run: its adapter and base are checked as they load (load_start)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise InferenceError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
@@ -289,6 +294,11 @@ def named_run(section) -> Found | None:
         raise ModelLoadError(str(exc)) from None
 
 
+def _as_folder(section, found: Found):
+    """``section`` naming a full run's model folder (its final/ or checkpoint) instead of the run."""
+    return section.model_copy(update={"name": str(found.path)})
+
+
 def starts_from_adapter(section) -> bool:
     """Whether ``model.name`` is a LoRA run, whose weights exist only once folded (no folder holds them)."""
     found = named_run(section)
@@ -311,8 +321,7 @@ def load_start(recipe, seed: int, say: Callable[[str], None] = lambda _: None):
                              f"method {recipe.method} trains a model that writes text; start from the policy model "
                              "it scores instead.")
     if found.kind == "full":
-        return load_model(recipe.model_copy(update={"model": recipe.model.model_copy(
-            update={"name": str(found.path)})}), seed)
+        return load_model(recipe.model_copy(update={"model": _as_folder(recipe.model, found)}), seed)
     try:
         model, _ = load_adapter_model(found, None, "model.name", say)
     except InferenceError as exc:
@@ -328,10 +337,11 @@ def start_tokenizer(section, say: Callable[[str], None] | None = None):
     from ..model.loading import load_tokenizer as load_named
 
     found = named_run(section)
-    if found is None:
-        return load_named(section, say)
+    if found is None or found.kind == "full":
+        return load_named(section if found is None else _as_folder(section, found), say)
     try:
-        base = find_base(found, "model.name") if found.kind == "adapter" else None
+        has_own = (found.path / "tokenizer_config.json").is_file()
+        base = None if has_own else find_base(found, "model.name")  # the run's recipe, read only when needed
         return load_tokenizer(found, "model.name", say or (lambda _: None), base)
     except InferenceError as exc:
         raise ModelLoadError(str(exc)) from None
@@ -341,12 +351,10 @@ def start_config(section):
     """The config of the model ``section`` names, without weights: for a LoRA run, its base's (a LoRA adapter leaves
     the shapes as they were)."""
     found = named_run(section)
-    if found is None:
-        return load_config(section)
+    if found is None or found.kind == "full":
+        return load_config(section if found is None else _as_folder(section, found))
     from transformers import AutoConfig
 
-    if found.kind == "full":
-        return AutoConfig.from_pretrained(found.path)
     try:
         base = find_base(found, "model.name")
     except InferenceError as exc:
