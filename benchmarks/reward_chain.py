@@ -132,14 +132,21 @@ def main() -> int:
         accuracy = rm["headline"]["pair_accuracy"]
         from ft.trainers.learned_reward import load_learned_reward
 
-        scorer = load_learned_reward(str(out / "rm"), "reward", "reward")
-        ceiling = _near_miss_ceiling(scorer)
+        timed = {}
+        for dtype in ("bfloat16", "float32"):  # side by side: what `dtype: bfloat16` on a reward entry buys
+            scorer = load_learned_reward(str(out / "rm"), "reward", "reward", dtype=dtype)
+            started = time.perf_counter()
+            timed[dtype] = (_near_miss_ceiling(scorer), time.perf_counter() - started)
+        ceiling = timed["float32"][0]  # ``scorer``, float32 from here on, scores the policies' answers
         rows = [("sft (700 steps)", sft_s, "", sft["exact_match"]["exact_match"])]
         rows.append((f"smollm2-sft, the reward model's start ({rm_start['steps']} steps)", rm_start_s, "",
                      rm_start["exact_match"]["exact_match"]))
         rows.append((f"smollm2-reward ({rm['steps']} steps)", rm_s, f"held-out pair accuracy {accuracy['first']:.3f} → "
                      f"{accuracy['last']:.3f} ({rm['headline']['source']}); the right answer scored above all its near "
                      f"misses (±1–3, ±10) on {ceiling:.3f} of the held-out questions", None))
+        rows.append(("the reward model scoring the 200 × 9 candidates in float32, then bfloat16", timed["float32"][1],
+                     f"bfloat16 {timed['bfloat16'][1]:.0f} s ({timed['float32'][1] / timed['bfloat16'][1]:.1f}× "
+                     f"faster), near-miss share {timed['bfloat16'][0]:.3f} (float32 {ceiling:.3f})", None))
         grpo_recipe = ROOT / "recipes/quickstart-grpo-rm.yaml"
         reward = f"grpo.rewards=[{{model: {out / 'rm'}, weight: 1.0}}]"
         policy = f"model.name={out / 'sft' / 'final'}"

@@ -130,6 +130,26 @@ def test_a_lora_reward_run_scores_as_its_merged_model(write_recipe, tmp_path):
         assert max(alone) - min(alone) > 1e-3 and mean == pytest.approx(sum(alone) / len(alone), abs=1e-4)
 
 
+def _in_bfloat16(value: float) -> bool:
+    return float(torch.tensor(value, dtype=torch.float64).to(torch.bfloat16)) == value
+
+
+def test_a_reward_model_scores_in_the_dtype_its_entry_names(write_recipe, tmp_path, reward_model):
+    """``dtype: bfloat16`` casts the saved float32 reward model before it scores: every score TRL records for a
+    completion is a bfloat16 number, where the float32 model's scores of the same completions are not."""
+    import pandas as pd
+
+    recipe = _recipe("grpo", tmp_path / "out", [{"model": str(reward_model), "dtype": "bfloat16"}],
+                     log_completions=True)
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = pd.concat(pd.read_parquet(path) for path in sorted((tmp_path / "out" / "completions").glob("*.parquet")))
+    assert len(table) == 2 * 16 and all(_in_bfloat16(score) for score in table["rm"])
+    prompts = [[dict(turn) for turn in prompt] for prompt in table["prompt"][:4]]
+    completions = [[dict(turn) for turn in completion] for completion in table["completion"][:4]]
+    assert not any(_in_bfloat16(score) for score in _scores_alone(reward_model, prompts, completions))
+
+
 def _refused(write_recipe, tmp_path, reward_dir: str, *, method: str = "grpo") -> str:
     result = run_ft("train", str(write_recipe(_recipe(method, tmp_path / "out", [{"model": reward_dir}]))))
     assert result.returncode == 2, result.stderr[-3000:]
@@ -172,6 +192,7 @@ def test_a_tokenizer_that_cannot_render_the_chat_prompts_is_refused(write_recipe
 @pytest.mark.parametrize(("reward", "says"), [
     ({"model": "runs/rm/final", "args": {"field": "answer"}}, "takes none"),
     ({"model": "runs/rm/final", "name": "exact_match"}, "exactly one of"),
+    ({"name": "exact_match", "dtype": "bfloat16"}, "a reward function has none"),
 ])
 def test_a_reward_model_entry_is_checked_with_the_recipe(write_recipe, tmp_path, reward, says):
     result = run_ft("validate", str(write_recipe(_recipe("grpo", tmp_path / "out", [reward]))))

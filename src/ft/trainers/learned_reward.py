@@ -33,10 +33,12 @@ class LearnedReward:
     key: str
 
 
-def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: bool = False) -> LearnedReward:
+def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: bool = False,
+                        dtype: str | None = None) -> LearnedReward:
     """The reward model at ``reference`` (a model directory, a reward run, its final/ or a checkpoint, or a hub id),
-    checked, logged by TRL as ``rewards/<name>/…``. A LoRA reward run's adapter is folded into its base in memory,
-    as ``ft merge`` folds it. Raises ``PluginError`` naming ``key`` when it is not a reward model."""
+    checked, in ``dtype`` (a torch dtype's name; None: as saved), logged by TRL as ``rewards/<name>/…``. A LoRA
+    reward run's adapter is folded into its base in memory, as ``ft merge`` folds it. Raises ``PluginError`` naming
+    ``key`` when it is not a reward model."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     folder = Path(reference).expanduser()
@@ -48,7 +50,7 @@ def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: 
         except InferenceError as exc:
             raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
         if found.kind == "adapter":
-            return _from_adapter(found, key, name)
+            return _from_adapter(found, key, name, dtype)
         reference = str(found.path)
     _check_config(reference, key, trust_remote_code)
     try:
@@ -59,7 +61,7 @@ def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: 
                                        "its directory needs the tokenizer it was trained with.")) from None
     _check_padding(tokenizer, reference, key)
     model = AutoModelForSequenceClassification.from_pretrained(reference, trust_remote_code=trust_remote_code)
-    return _ready(model, tokenizer, key, name)
+    return _ready(model, tokenizer, key, name, dtype)
 
 
 def _check_config(reference: str, key: str, trust_remote_code: bool) -> None:
@@ -82,7 +84,7 @@ def _check_config(reference: str, key: str, trust_remote_code: bool) -> None:
                                        f"reward model gives one; {TRAIN_ONE}."))
 
 
-def _from_adapter(found, key: str, name: str) -> LearnedReward:
+def _from_adapter(found, key: str, name: str, dtype: str | None) -> LearnedReward:
     """A LoRA reward model: its base rebuilt as ``ft merge`` rebuilds it (the run's recipe: a GGUF file, a seed),
     the adapter and its score head folded in."""
     if not scoring_model(found):
@@ -93,7 +95,7 @@ def _from_adapter(found, key: str, name: str) -> LearnedReward:
     except InferenceError as exc:
         raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
     _check_padding(tokenizer, str(found.path), key)
-    return _ready(model.merge_and_unload(), tokenizer, key, name)
+    return _ready(model.merge_and_unload(), tokenizer, key, name, dtype)
 
 
 def _check_padding(tokenizer, reference: str, key: str) -> None:
@@ -103,10 +105,15 @@ def _check_padding(tokenizer, reference: str, key: str) -> None:
                                        "the tokenizer with a pad token."))
 
 
-def _ready(model, tokenizer, key: str, name: str) -> LearnedReward:
-    """Eval mode (no dropout in a score), no gradients, and the name TRL logs it under (the last part of the
-    config's ``_name_or_path``)."""
+def _ready(model, tokenizer, key: str, name: str, dtype: str | None) -> LearnedReward:
+    """Eval mode (no dropout in a score), no gradients, the recipe's ``dtype`` (cast after loading, so that a LoRA
+    run's adapter is folded in at its own precision), and the name TRL logs it under (the last part of the config's
+    ``_name_or_path``)."""
     model.eval().requires_grad_(False)
+    if dtype is not None:
+        import torch
+
+        model.to(getattr(torch, dtype))
     model.config._name_or_path = name
     return LearnedReward(model, tokenizer, key)
 

@@ -165,7 +165,8 @@ def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str,
             name = reward_name(spec.model)
             name = f"{name}_{i}" if name in names else name
             names.add(name)
-            functions.append(load_learned_reward(spec.model, f"{key}.model", name, trust_remote_code))
+            functions.append(load_learned_reward(spec.model, f"{key}.model", name, trust_remote_code,
+                                                 dtype=spec.dtype))
             continue
         if spec.name is not None:
             fn = _builtin(spec.name, dict(spec.args), key)
