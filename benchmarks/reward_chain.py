@@ -134,12 +134,12 @@ def main() -> int:
         accuracy = rm["headline"]["pair_accuracy"]
         from ft.trainers.learned_reward import load_learned_reward
 
-        timed = {}
-        for dtype in ("bfloat16", "float32"):  # side by side: what `dtype: bfloat16` on a reward entry buys
-            scorer = load_learned_reward(str(out / "rm"), "reward", "reward", dtype=dtype)
+        scorers, timed = {}, {}
+        for dtype in ("float32", "bfloat16"):  # side by side: what `dtype: bfloat16` on a reward entry buys
+            scorers[dtype] = load_learned_reward(str(out / "rm"), "reward", "reward", dtype=dtype)
             started = time.perf_counter()
-            timed[dtype] = (_near_miss_ceiling(scorer), time.perf_counter() - started)
-        ceiling = timed["float32"][0]  # ``scorer``, float32 from here on, scores the policies' answers
+            timed[dtype] = (_near_miss_ceiling(scorers[dtype]), time.perf_counter() - started)
+        ceiling, scorer = timed["float32"][0], scorers["float32"]  # float32 scores the policies' answers
         rows = [("sft (700 steps)", sft_s, "", sft["exact_match"]["exact_match"])]
         rows.append((f"smollm2-sft, the reward model's start ({rm_start['steps']} steps)", rm_start_s, "",
                      rm_start["exact_match"]["exact_match"]))
