@@ -149,7 +149,8 @@ def write_recipe(tmp: Path, model: Path, data: Path, label: str, changes: dict) 
 
 
 def plan_estimate(recipe: Path, device: str):
-    from ft.plan import estimate, read_shape, setup_for
+    from ft.plan.memory import estimate, setup_for
+    from ft.plan.shape import read_shape
     from ft.recipe import load_recipe
 
     loaded = load_recipe(recipe).recipe

@@ -107,8 +107,8 @@ def masking() -> None:
 
 
 def nonpad_fraction(tmp: Path) -> None:
+    from ft.machine import hardware
     from ft.recipe import load_recipe
-    from ft.run import hardware
     from ft.run.train import prepare_trainer
     from ft.trainers.hooks import Hooks
 

@@ -20,7 +20,7 @@ MEASURED_THREADS = {"OMP_NUM_THREADS": "2"}
 import pytest  # noqa: E402 (after the thread setting above)
 import yaml  # noqa: E402
 
-from ft.run.hardware import Hardware  # noqa: E402
+from ft.machine.hardware import Hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")

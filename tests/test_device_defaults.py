@@ -8,9 +8,9 @@ import yaml
 from conftest import CPU, built_trainer, run_ft, tiny_sft
 from trl import SFTConfig
 
+from ft.machine import hardware
+from ft.machine.hardware import Hardware
 from ft.recipe import load_recipe
-from ft.run import hardware
-from ft.run.hardware import Hardware
 from ft.trainers.build import trl_config
 
 AMPERE = Hardware(cuda=True, bf16=True, devices=1, name="NVIDIA A100")

@@ -16,10 +16,10 @@ import yaml
 from conftest import ASSETS, CPU, DATA, ROOT, run_ft, tiny_sft
 from test_rules import GPU, _with
 
+from ft.machine import hardware
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.processes import Processes, process_count
 from ft.recipe.resolved import resolved_recipe_yaml
-from ft.run import hardware
 from ft.run.drift import DriftError, check_drift
 from ft.trainers import distributed
 from ft.trainers.build import trl_config

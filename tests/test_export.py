@@ -18,8 +18,9 @@ import pytest
 import torch
 from conftest import DATA, ROOT, run_ft, without_module
 
-from ft.inference.export import export
-from ft.inference.locate import InferenceError
+from ft.errors import FtError
+from ft.export.errors import ExportError
+from ft.export.gguf import export
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 pytest.importorskip("gguf")
@@ -204,7 +205,7 @@ def test_an_adapter_run_exports_the_same_bytes_as_its_merged_model(full_run, lor
 
 
 def test_a_modelfile_carries_the_chat_template_and_stop_tokens(families, tmp_path):
-    from ft.inference.modelfile import SAMPLES, pieces_of
+    from ft.export.modelfile import SAMPLES, pieces_of
 
     exported = export(families["tiny-qwen2"], tmp_path / "qwen.gguf", "f16", modelfile=True, say=_quiet)
     text = exported.modelfile.read_text()
@@ -220,7 +221,7 @@ def test_a_modelfile_carries_the_chat_template_and_stop_tokens(families, tmp_pat
 
 
 def _refused(source: Path, out: Path, match: str, **options) -> None:
-    with pytest.raises(InferenceError, match=match):
+    with pytest.raises(FtError, match=match):
         export(source, out, say=_quiet, **options)
 
 
@@ -265,7 +266,7 @@ def test_a_write_that_fails_half_way_leaves_no_file(families, tmp_path):
 
 
 def test_an_interrupted_write_leaves_the_old_file(tmp_path):
-    from ft.inference.export import _atomically
+    from ft.export.gguf import _atomically
 
     out = tmp_path / "model.gguf"
     out.write_bytes(b"old")
@@ -280,5 +281,5 @@ def test_an_interrupted_write_leaves_the_old_file(tmp_path):
 
 
 def test_an_unknown_quantization_is_refused_before_loading(tmp_path):
-    with pytest.raises(InferenceError, match="--quant"):
+    with pytest.raises(ExportError, match="--quant"):
         export(tmp_path / "missing", tmp_path / "x.gguf", "q4_k", say=_quiet)

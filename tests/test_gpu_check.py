@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ft.run.hardware import Hardware
+from ft.machine.hardware import Hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -82,8 +82,8 @@ def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
     import typer.main
 
     from ft.cli import app
+    from ft.machine import hardware
     from ft.recipe import load_recipe
-    from ft.run import hardware
 
     cli = typer.main.get_command(app)
     checked = 0

@@ -17,10 +17,10 @@ import zipfile
 import pytest
 from conftest import CPU, DATA, ROOT, hub_env, run_ft, tiny_sft
 
+from ft.machine.hardware import device_defaults
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.methods import METHODS
 from ft.recipe.train_section import method_fields
-from ft.run.hardware import device_defaults
 
 FILES = {"chat": "train.jsonl", "preference": "preference.jsonl", "prompt": "prompts.jsonl"}  # each method's first
 # every hub_strategy, spread over the methods in turn

@@ -109,12 +109,54 @@ def test_no_import_circle_anywhere():
     assert hidden == [], "an import under TYPE_CHECKING hides a circle from this test"
 
 
-def test_nothing_imports_the_cli_and_the_recipe_imports_no_other_package():
+# The floors of the house, top first. A module imports its own package and the packages of the floors below its own,
+# never one beside it or above it: what a command runs is on a higher floor than what it is built from. A package or
+# top-level module of ft not listed here fails the test until it is given a floor.
+FLOORS = (
+    ("__main__",),
+    ("cli",),  # the commands alone: parse, call one function, map every failure to one paragraph and an exit code
+    ("smoke", "importers"),  # ft train --smoke rehearses a run; ft import axolotl writes a recipe
+    ("run",),  # the ordered run of ft train / ft preprocess, and its launch
+    ("trainers", "inference", "export"),  # a run's trainer; using what a run left (merge, generate); writing it out
+    ("plan",),  # the memory model (read by the trainers' preflight) and ft plan's report
+    ("model", "data"),  # the models a recipe names (loading, a run's model, adapters); its rows and tokens
+    ("outputs",),  # the run directory: checkpoints, summary.json, plots, report
+    ("machine",),  # what this machine can do: hardware, device defaults, trackers installed
+    ("recipe",),  # YAML -> the frozen Recipe; imports no torch
+    ("errors", "units"),  # the error root; byte formatting
+)
+
+
+def _floor_of(module: str) -> tuple[int, str]:
+    name = module.split(".")[1] if module != "ft" else "ft"
+    for level, names in enumerate(FLOORS):
+        if name in names:
+            return level, name
+    raise AssertionError(f"{module}: its package `{name}` has no floor in tests/test_layout.py FLOORS")
+
+
+def test_imports_go_down_the_floors():
+    """Every import of every module (function-local ones included) runs down the floors or stays in its package."""
     graph = _edges()
-    assert [module for module, targets in graph.items() if "ft.cli" in targets] == ["ft.__main__"]  # python -m ft
+    up = []
     for module, targets in graph.items():
-        if module.startswith("ft.recipe"):
-            assert all(t.startswith("ft.recipe") for t in targets), (module, targets)
+        if module == "ft":
+            continue
+        level, package = _floor_of(module)
+        for target in targets:
+            if target == "ft":  # the root package (``__version__``): above every module, run first
+                continue
+            their_level, their_package = _floor_of(target)
+            if their_package != package and their_level <= level:
+                up.append(f"{module} -> {target} ({'beside' if their_level == level else 'up'})")
+    assert up == []
+    assert [module for module, targets in graph.items() if "ft.cli" in targets] == ["ft.__main__"]  # python -m ft
+
+
+def test_the_floors_name_every_package():
+    names = {module.split(".")[1] for module in MODULES if module != "ft"}
+    listed = {name for floor in FLOORS for name in floor}
+    assert names == listed
 
 
 def test_no_module_imports_a_private_name_from_another_package():
@@ -187,7 +229,8 @@ def test_the_consumers_read_each_methods_entry():
     from ft.importers.axolotl import SECTIONS
     from ft.importers.axolotl_method import method_of
     from ft.outputs.summary import headline
-    from ft.plan import read_shape, setup_for
+    from ft.plan.memory import setup_for
+    from ft.plan.shape import read_shape
     from ft.recipe import load_recipe
     from ft.trainers.console import labels
 
@@ -223,7 +266,8 @@ methods.METHOD_SECTIONS["cpo"] = CpoSection
 from ft.importers.axolotl import SECTIONS
 from ft.importers.axolotl_method import method_of
 from ft.outputs.summary import headline
-from ft.plan import activations, read_shape, setup_for
+from ft.plan.memory import activations, setup_for
+from ft.plan.shape import read_shape
 from ft.recipe import load_recipe
 from ft.trainers.console import format_log
 from dataclasses import replace

@@ -16,9 +16,9 @@ import yaml
 from conftest import ASSETS, built_trainer, run_ft
 from safetensors.torch import load_file
 
-from ft.inference.generate import Sampling, generate, prompt_text
-from ft.inference.locate import InferenceError, locate
+from ft.inference.generate import InferenceError, Sampling, generate, prompt_text
 from ft.inference.merge import merge
+from ft.model.locate import LocateError, locate
 
 TOKENS = "8"  # --max-new-tokens: enough to compare texts, cheap on a CPU
 PROMPT = "What is 12 + 7?"
@@ -200,5 +200,5 @@ def test_a_run_without_final_names_the_checkpoint_to_pass(tmp_path):
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "recipe.yaml").write_text("method: sft\n")
     (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
-    with pytest.raises(InferenceError, match="checkpoint-2"):
+    with pytest.raises(LocateError, match="checkpoint-2"):
         locate(run, "RUN_OR_ADAPTER_DIR")

@@ -11,10 +11,10 @@ import sys
 import pytest
 from conftest import CPU, DATA, ROOT, tiny_sft
 
+from ft.machine.hardware import device_defaults
 from ft.recipe import load_recipe
 from ft.recipe.methods import METHODS
 from ft.recipe.names import BUILTIN_CALLBACKS, BUILTIN_REWARDS, FORMATS, METRICS
-from ft.run.hardware import device_defaults
 
 DATA_FOR = {"sft": ("train.jsonl", "chat"), "dpo": ("preference.jsonl", "preference"),
             "kto": ("preference.jsonl", "preference"), "orpo": ("preference.jsonl", "preference"),

@@ -12,10 +12,10 @@ import torch
 from conftest import CPU, ROOT, built_trainer, tiny_sft
 from transformers.training_args import OptimizerNames
 
+from ft.machine import hardware
+from ft.machine.hardware import Hardware
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.optimizers import PACKAGES, traits
-from ft.run import hardware
-from ft.run.hardware import Hardware
 from ft.run.train import train
 
 NAMES = [name.value for name in OptimizerNames]  # this transformers' names: a new release's are covered too

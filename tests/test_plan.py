@@ -17,8 +17,12 @@ import torch
 import yaml
 from conftest import ASSETS, ROOT, run_ft
 
-from ft.plan import GiB, MiB, estimate, layer_bytes, plan, read_shape, set_args, setup_for
+from ft.plan.memory import estimate, layer_bytes, setup_for
+from ft.plan.report import plan
+from ft.plan.shape import read_shape
+from ft.plan.suggest import set_args
 from ft.recipe import load_recipe
+from ft.units import GiB, MiB
 
 WIDE = {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8, "num_attention_heads": 8,
         "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": False}

@@ -127,7 +127,7 @@ def test_a_reward_model_from_a_gguf_file_trains_and_merges(tmp_path):
     pytest.importorskip("gguf")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from ft.inference.export import export
+    from ft.export.gguf import export
 
     source = tmp_path / "lm"
     torch.manual_seed(0)

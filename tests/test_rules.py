@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import DATA, tiny_sft
 
+from ft.machine import hardware
+from ft.machine.hardware import Hardware
 from ft.recipe import Processes, RecipeError, load_recipe
-from ft.run import hardware
-from ft.run.hardware import Hardware
 
 CPU = Hardware(cuda=False, bf16=False, devices=0, name="cpu")
 GPU = Hardware(cuda=True, bf16=True, devices=1, name="NVIDIA H100")

@@ -15,8 +15,8 @@ import yaml
 from conftest import DATA, run_ft, tiny_sft
 from test_grpo import tiny_grpo
 
-from ft.inference.locate import load_adapter_model, load_start, locate
 from ft.model.loading import ModelLoadError, load_model
+from ft.model.locate import load_adapter_model, load_start, locate
 from ft.recipe import load_recipe
 
 PAIRS = {"train": [{"path": str(DATA / "preference.jsonl"), "format": "preference"}],

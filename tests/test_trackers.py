@@ -1,4 +1,4 @@
-"""Trackers (ft.trainers.trackers): TensorBoard by default, writing under the output directory, with the values of the
+"""Trackers (ft.machine.trackers): TensorBoard by default, writing under the output directory, with the values of the
 run's own log history; trackio's local store under the output directory; a tracker that is not installed refused before
 any model loads."""
 
@@ -14,10 +14,9 @@ import pytest
 from conftest import CPU, ROOT, run_ft, tiny_sft
 from test_console import default_run
 
+from ft.machine import hardware, trackers
 from ft.outputs import checkpoints
 from ft.recipe import load_recipe
-from ft.run import hardware
-from ft.trainers import trackers
 
 
 @pytest.fixture(scope="module")

@@ -321,7 +321,7 @@ def export(
                                             "exist.")] = False,
 ) -> None:
     """Write a trained model as one GGUF file: architecture metadata, tokenizer and chat template, weights."""
-    from .inference.export import export as run_export
+    from .export.gguf import export as run_export
     from .run.notices import install as hide_notices_not_for_the_user
 
     hide_notices_not_for_the_user()  # not with FT_DEBUG=1 (notices.py)
@@ -342,11 +342,11 @@ def _guarded_at(step, doing: str, log_name: str):
     <temp dir>/<log_name>/error.log, since there is no output directory of a run to hold it."""
     import tempfile
 
-    from .inference.locate import InferenceError
+    from .errors import FtError
 
     try:
         return step()
-    except InferenceError as exc:
+    except FtError as exc:
         _err(f"ft: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file
@@ -369,8 +369,8 @@ def plan(
 ) -> None:
     """Estimate peak training memory per GPU from the model's config alone (no weights loaded), and what would fit."""
     loaded = _load(recipe, set_)
-    from .plan import PlanError
-    from .plan import plan as make_plan
+    from .plan.report import plan as make_plan
+    from .plan.shape import PlanError
 
     try:
         result = make_plan(loaded.recipe, str(recipe), gpu_memory=gpu_memory, gpus=gpus, device=device)

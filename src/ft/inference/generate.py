@@ -8,8 +8,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FtError
+from ..model.locate import load_for_generation
 from ..recipe.errors import first_line
-from .locate import InferenceError, load_for_generation
+
+
+class InferenceError(FtError):
+    """A prompt file, prompt or output directory that ``ft generate`` / ``ft merge`` cannot use (exit code 2)."""
 
 
 @dataclass(frozen=True)

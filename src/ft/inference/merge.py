@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..model.locate import find_base, load_adapter_model, load_as_trained, locate
 from ..recipe.errors import first_line
-from .locate import InferenceError, find_base, load_adapter_model, load_as_trained, locate
+from .generate import InferenceError
 
 CHECK_ROWS = 4
 AGREEMENT_WARN = 0.98  # share of positions whose most likely next token is the same

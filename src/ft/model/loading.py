@@ -164,7 +164,7 @@ def load_model(recipe: Recipe, seed: int):
 
 def load_weights(recipe: Recipe, seed: int, config, state_dict: dict):
     """The model the recipe trains, from weights already in memory (a LoRA run folded into its base:
-    ``ft.inference.locate.load_start``), loaded as ``load_model`` loads a folder: the recipe's class (a scoring
+    ``ft.model.locate.load_start``), loaded as ``load_model`` loads a folder: the recipe's class (a scoring
     method's head new, drawn with ``seed``), dtype, attention kernel and quantization. transformers'
     ``from_pretrained(None, config=..., state_dict=...)`` loads them; the auto classes need a name to read, so the
     concrete class is taken from one built on the meta device (no memory, no weights drawn)."""

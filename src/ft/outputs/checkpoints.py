@@ -140,7 +140,7 @@ def previous_run(output_dir: Path) -> list[str]:
 def clear_previous_run(output_dir: Path) -> None:
     """Delete what a run writes in ``output_dir`` (``--overwrite``); files of the user's own stay."""
     names = ("final", "plots", "summary.json", "log_history.json", "recipe.yaml",
-             "tb", "trackio")  # the trackers' folders under output_dir (ft.trainers.trackers.LOCAL_DIRS)
+             "tb", "trackio")  # the trackers' folders under output_dir (ft.machine.trackers.LOCAL_DIRS)
     for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("error*.log"),
                  *(output_dir / name for name in names)]:
         if path.is_dir():

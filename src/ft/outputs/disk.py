@@ -17,6 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ..units import human
 from .checkpoints import complete_checkpoints
 
 MARGIN = 1.2  # free space wanted per checkpoint: its size and a fifth more (trainer state, RNG files, a grown state)
@@ -37,12 +38,6 @@ def free_bytes(path: Path) -> int:
 
 def size_of(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
-def human(n: float) -> str:
-    from ..plan import human as plan_human
-
-    return plan_human(n)
 
 
 def start_warning(output_dir: Path, checkpoint_bytes: float, kept: int | None) -> str | None:

@@ -1,5 +1,5 @@
 """What each transformers optimizer needs, as data (no torch): read by the rules (``recipe.rules``), the machine
-checks (``ft.run.hardware``) and the trainer builder.
+checks (``ft.machine.hardware``) and the trainer builder.
 
 Names are transformers' ``optim`` values (read from the generated field table, so a new transformers release
 brings its new names; a name missing from ``TRAITS`` is taken to need nothing, and ``tests/test_optimizers.py``

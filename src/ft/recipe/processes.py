@@ -1,7 +1,7 @@
 """What a recipe asks of the processes of its run: how many there are, and how they share the model.
 
-Read by the rules (``recipe.rules``), the machine checks (``ft.run.hardware``) and the builders. How many processes a
-run has is known to the command, not to the recipe: ``ft train --num-processes N`` is about to start N, and a rank of
+Read by the rules (``recipe.rules``), the machine checks (``ft.machine.hardware``) and the builders. How many processes
+a run has is known to the command, not to the recipe: ``ft train --num-processes N`` is about to start N, and a rank of
 a started run knows the run's size (torchrun's WORLD_SIZE, read by ``ft.run.ranks``). The command passes it as a
 ``Processes``; without one the recipe's ``launch:`` section says, else one process.
 """

@@ -3,7 +3,7 @@ with the sentence of the transformers/TRL documentation (or the reason) it enfor
 ``check_rules`` runs them all; the loader attaches file:line to each problem.
 
 Rules here need no hardware knowledge and import nothing heavy; the rules that depend on the machine
-(CUDA-only optimizers, 4-bit loading, bf16 support) live in ``ft.run.hardware`` and run at the start of
+(CUDA-only optimizers, 4-bit loading, bf16 support) live in ``ft.machine.hardware`` and run at the start of
 ``ft train``, before any model or data loads. The few rules that involve the run's processes also take the count the
 command knows (``recipe.processes.Processes``: ``ft train --num-processes``, or a rank's world size).
 """

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import data
-from ..inference import locate
-from ..model import loading
+from ..model import loading, locate
 from ..recipe import LoadedRecipe, Problem
 
 

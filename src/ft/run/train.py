@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import data
-from ..inference import exact_match, locate
-from ..model import adapters, bnb_import, loading
+from ..inference import exact_match
+from ..machine import hardware
+from ..model import adapters, bnb_import, loading, locate
 from ..outputs import checkpoints, disk, hub_push
 from ..outputs.plots import write_plots
 from ..outputs.summary import (
@@ -31,7 +32,7 @@ from ..trainers import distributed, preflight
 from ..trainers.build import TrainerInputs, build_trainer
 from ..trainers.hooks import Hooks, resolve_hooks
 from ..trainers.plugins import PluginError
-from . import hardware, hub, ranks, signals
+from . import hub, ranks, signals
 from .drift import check_drift
 
 
@@ -211,7 +212,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
-    tokenizer = locate.start_tokenizer(recipe.model, say)  # model.name may be a run: ft.inference.locate
+    tokenizer = locate.start_tokenizer(recipe.model, say)  # model.name may be a run: ft.model.locate
     problems = loading.token_problems(recipe, tokenizer)
     if problems:  # located by train(): file and line
         raise RecipeError(problems)
@@ -245,7 +246,8 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
 def _disk_guard(recipe: Recipe, trainer, output_dir: Path, hw, command: str, say: Callable[[str], None]):
     """A run that saves checkpoints: a warning now if the disk will not hold those it keeps, and a callback that
     stops cleanly before a save that would not fit (``outputs.disk``). None when the run saves no checkpoint."""
-    from ..plan import PlanError, step_figures
+    from ..plan.shape import PlanError
+    from ..plan.suggest import step_figures
 
     if trainer.args.save_strategy == "no":
         return None

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data import DataError
+from ..machine import hardware
 from ..model.loading import named_tokens, names_a_path
 from ..outputs.summary import write_summary
 from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError, load_recipe
@@ -42,7 +43,6 @@ from ..recipe.load import validate
 from ..recipe.methods import METHODS
 from ..recipe.optimizers import PACKAGES, traits
 from ..recipe.schema import ModelSection
-from ..run import hardware
 from . import first_rows, tiny_model
 
 STEPS = 3
@@ -261,7 +261,7 @@ def _machine(edits: _Edits, recipe: Recipe) -> None:
     edits.set("train.use_cpu", True, "the smoke run trains on the CPU", say="use_cpu" in train)
     if "fp16" not in train:
         edits.set("train.bf16", False, "the CPU trains in float32", say=False)
-    if "report_to" not in train:  # ft's default (TensorBoard where installed, ft.trainers.trackers) is for real runs
+    if "report_to" not in train:  # ft's default (TensorBoard where installed, ft.machine.trackers) is for real runs
         edits.set("train.report_to", "none", "a smoke run reports to no tracker", say=False)
 
     model = recipe.model
@@ -296,8 +296,8 @@ def _importable(module: str) -> bool:
 
 
 def _cpu_quantization(edits: _Edits, smoke_recipe: Recipe, loaded: LoadedRecipe, base_dir: Path) -> Recipe:
-    """4/8-bit loading stays where the installed bitsandbytes can do it on this CPU (as ``ft.run.hardware`` judges it);
-    otherwise it goes, and the adapter trains on float32 weights (QLoRA becomes LoRA)."""
+    """4/8-bit loading stays where the installed bitsandbytes can do it on this CPU (as ``ft.machine.hardware`` judges
+    it); otherwise it goes, and the adapter trains on float32 weights (QLoRA becomes LoRA)."""
     if smoke_recipe.model.quantization is None:
         return smoke_recipe
     cpu = hardware.Hardware(cuda=False, bf16=False, devices=0, name="cpu")  # one process: launch: is removed

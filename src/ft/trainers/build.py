@@ -11,7 +11,7 @@ Every TRL config follows one precedence rule (``trl_config``):
    the other sections (optimizer, scheduler, data, the method's own section). The schema gives each TRL field one
    home (a field a section owns is refused under ``train:``), so the two rarely name the same field; where they do
    (``train.remove_unused_columns``, ``train.max_grad_norm: 0`` with a layerwise optimizer), ``train:`` wins.
-2. ``defaults``, ft's choices for this machine (``ft.run.hardware.device_defaults``), what ``distributed:`` maps to
+2. ``defaults``, ft's choices for this machine (``ft.machine.hardware.device_defaults``), what ``distributed:`` maps to
    (``ft.trainers.distributed.training_args``: fsdp, fsdp_config, deepspeed, ddp_find_unused_parameters; a
    ``train:`` key that contradicts ``distributed:`` is refused at validation) and JIT checkpointing, fill only the
    fields the recipe left unset.
@@ -24,10 +24,10 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..machine import trackers
 from ..model import adapters
 from ..recipe import Recipe
 from ..recipe.optimizers import traits
-from . import trackers
 from .hooks import Hooks
 from .optimization import optimization_for
 
@@ -43,7 +43,7 @@ class TrainerInputs:
     hooks: Hooks  # the recipe's user and built-in code, resolved once before the model loaded
     defaults: Mapping[str, object] = field(default_factory=dict)  # ft's machine defaults (rule 2 above)
     callbacks: tuple = ()  # more TrainerCallbacks, from programs that drive ft (benchmarks, tests)
-    optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.run.hardware.optimizer_defaults
+    optimizer_defaults: Mapping[str, object] = field(default_factory=dict)  # ft.machine.hardware.optimizer_defaults
     peft_config: object | None = None  # a new adapter's LoraConfig (ft.model.adapters.lora_config), for TRL to apply
     preflight: object | None = None  # trainers.preflight.PreflightSettings, or None: no probe of the largest batch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 
-from ..inference.locate import starts_from_adapter
+from ..model.locate import starts_from_adapter
 from ..recipe import Recipe
 from .build import TrainerInputs
 from .learned_reward import reward_inputs

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inference.locate import InferenceError, load_adapter_model, locate, scoring_model
 from ..model.loading import names_a_path
+from ..model.locate import LocateError, load_adapter_model, locate, scoring_model
 from ..recipe import Problem
 from ..recipe.errors import first_line
 from .plugins import PluginError
@@ -47,7 +47,7 @@ def load_learned_reward(reference: str, key: str, name: str, trust_remote_code: 
     if folder.exists():
         try:
             found = locate(folder, key)
-        except InferenceError as exc:
+        except LocateError as exc:
             raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
         if found.kind == "adapter":
             return _from_adapter(found, key, name, dtype)
@@ -92,7 +92,7 @@ def _from_adapter(found, key: str, name: str, dtype: str | None) -> LearnedRewar
                                        f"reward model; {TRAIN_ONE}."))
     try:
         model, tokenizer = load_adapter_model(found, None, key, say=lambda _: None)
-    except InferenceError as exc:
+    except LocateError as exc:
         raise PluginError(Problem(key, str(exc).removeprefix(f"{key}: "))) from None
     _check_padding(tokenizer, str(found.path), key)
     return _ready(model.merge_and_unload(), tokenizer, key, name, dtype)

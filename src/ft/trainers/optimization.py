@@ -8,7 +8,7 @@ scheduler class whose total steps ft fills in. ``FtTrainerMixin`` applies it in 
 - ``optimizer.groups`` are handed to the Trainer's own ``create_optimizer`` as ready parameter groups (its
   documented ``params`` override), so everything else it does (bitsandbytes' 32-bit embeddings, …) still happens.
 - Arguments this machine needs that transformers' handler for the named optimizer cannot be told through
-  ``optim_args`` (``ft.run.hardware.optimizer_defaults``) reach the constructor the same way.
+  ``optim_args`` (``ft.machine.hardware.optimizer_defaults``) reach the constructor the same way.
 - ``scheduler.class`` is built with the optimizer and, where its signature asks for them and the recipe left them
   out, the number of training steps (``SCHEDULER_PROVIDES``).
 """
@@ -43,7 +43,8 @@ class Optimization:
 
 def optimization_for(recipe: Recipe, hooks, learning_rate: float, machine_kwargs: dict) -> Optimization:
     """The recipe's optimizer and scheduler choices beyond transformers' names (``hooks`` holds the classes), and
-    ``machine_kwargs`` (``ft.run.hardware.optimizer_defaults``: e.g. StableAdamW's ``triton=False`` without CUDA)."""
+    ``machine_kwargs`` (``ft.machine.hardware.optimizer_defaults``: e.g. StableAdamW's ``triton=False`` without
+    CUDA)."""
     optimizer = scheduler = None
     if hooks.optimizer_class is not None:
         kwargs = dict(recipe.optimizer.kwargs)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..units import human
+
 
 class PreflightOutOfMemory(Exception):
     """The largest batch does not fit (exit code 2, before any step and any checkpoint). The message is for the user."""
@@ -45,7 +47,8 @@ def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) 
     """The probe's settings, or None where it does not run: ``train.preflight: false``; unset on a CPU (memory seldom
     runs out there, and the probe costs a step); a method that generates its batches; FSDP or DeepSpeed, whose
     sharded gradients a probe would have to clear inside their engines (not done yet)."""
-    from ..plan import PlanError, step_figures
+    from ..plan.shape import PlanError
+    from ..plan.suggest import step_figures
     from ..recipe.methods import METHODS
 
     wanted = recipe.train.preflight
@@ -141,16 +144,16 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     line = f"preflight: memory: the largest batch ({_describe(shape)}) went forward and backward in {seconds:.2f} s"
     if meter.cuda:  # the allocator's peak holds the weights too: comparable with ft plan's figure for the step
         step_peak = peak + settings.optimizer_state_bytes
-        line += f", peak {_human(peak)}; with the optimizer state, a step needs about {_human(step_peak)}"
+        line += f", peak {human(peak)}; with the optimizer state, a step needs about {human(step_peak)}"
         if settings.estimate_bytes is not None:
-            line += f" (ft plan estimated {_human(settings.estimate_bytes)})"
+            line += f" (ft plan estimated {human(settings.estimate_bytes)})"
         if settings.device_bytes and step_peak > settings.device_bytes:
-            line += (f", more than the GPU's {_human(settings.device_bytes)}: it may run out of memory at the first "
+            line += (f", more than the GPU's {human(settings.device_bytes)}: it may run out of memory at the first "
                      "optimizer step. Changes that lower the peak: " + "; ".join(settings.fixes[:3]))
     else:
-        line += f"; the resident memory grew by {_human(peak)} (gradients and activations)"
+        line += f"; the resident memory grew by {human(peak)} (gradients and activations)"
         if settings.estimate_bytes is not None:
-            line += f"; ft plan estimated {_human(settings.estimate_bytes)} for a whole step, weights included"
+            line += f"; ft plan estimated {human(settings.estimate_bytes)} for a whole step, weights included"
     settings.say(line)
     return result
 
@@ -233,9 +236,9 @@ def _out_of_memory(exc: RuntimeError) -> bool:
 
 def _no_fit(shape: dict, exc: RuntimeError, settings: PreflightSettings) -> str:
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    need = f" ft plan estimates {_human(settings.estimate_bytes)} for a step" if settings.estimate_bytes else ""
+    need = f" ft plan estimates {human(settings.estimate_bytes)} for a step" if settings.estimate_bytes else ""
     if settings.device_bytes:
-        need += f"{',' if need else ''} the GPU has {_human(settings.device_bytes)}"
+        need += f"{',' if need else ''} the GPU has {human(settings.device_bytes)}"
     fixes = "; ".join([*settings.fixes, "a shorter data.max_length"])
     return (f"preflight: memory: the largest batch the data makes ({_describe(shape)}, per device) ran out of memory "
             f"in forward and backward before the first step ({first}).{need and need + '.'} Changes that lower the "
@@ -303,9 +306,3 @@ def _restore(trainer, kept, cuda: bool) -> None:
         trainer._metrics = metrics
     if tokens is not None:
         trainer._total_train_tokens = tokens
-
-
-def _human(n: float) -> str:
-    from ..plan import human
-
-    return human(n)

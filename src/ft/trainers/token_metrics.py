@@ -1,12 +1,13 @@
 """SFT's training metrics measured on the logits ft's own loss path already has (``trainers.sft``): entropy and
 top-1 accuracy summed over the positions that have a target, in float32 chunks of at most ``ENTROPY_CHUNK`` values.
 
-Imports no torch until it scores, so ``ft plan`` reads the chunk size from here for its memory bound.
+The chunk size is a fact of ``ft plan``'s memory model (``ft.plan.memory.ENTROPY_CHUNK``), which counts three such
+chunks for these metrics; the metrics read it from there.
 """
 
 from __future__ import annotations
 
-ENTROPY_CHUNK = 2**25  # float32 values per chunk: three such chunks are what ``ft plan`` counts for these metrics
+from ..plan.memory import ENTROPY_CHUNK
 
 
 def scored_sums(logits, targets, mask, elements: int = ENTROPY_CHUNK, pick: bool | None = None):

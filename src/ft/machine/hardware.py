@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..recipe import Problem, Recipe
 from ..recipe.optimizers import PACKAGES, traits
 from ..recipe.processes import uses_deepspeed, uses_fsdp
-from ..trainers import trackers
+from . import trackers
 
 # the same optimizer, not CUDA-only, for each CUDA-only one
 CPU_ALTERNATIVE = {"adalomo": "lomo", "galore_adamw_8bit": "galore_adamw",
@@ -51,7 +51,7 @@ def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
     """Trainer arguments ft chooses for this machine. They fill only the keys the recipe leaves unset (the rule is
     applied where the config is built, ``ft.trainers.build``); here a default is also dropped when the recipe set
     its alias or its rival (``gradient_checkpointing`` for ``activation_checkpointing``, ``fp16`` for ``bf16``).
-    Also the tracker, by what is installed here (``ft.trainers.trackers.defaults``)."""
+    Also the tracker, by what is installed here (``ft.machine.trackers.defaults``)."""
     explicit = recipe.train_args
     if hw.cuda:
         # TRL's own default, restated under transformers' new name so it warns of no deprecation

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ExportError
 from .gguf_vocab import add_tokenizer
-from .locate import InferenceError
 
 QUANTS = ("f32", "f16", "bf16", "q8_0")  # --quant choices; the file type and tensor type of each: _types
 
@@ -41,8 +41,8 @@ ARCHITECTURES = {
 }
 
 
-def unsupported(model_type: str | None, where: str) -> InferenceError:
-    return InferenceError(f"{where}: the model's architecture is {model_type!r}, which ft export does not write to "
+def unsupported(model_type: str | None, where: str) -> ExportError:
+    return ExportError(f"{where}: the model's architecture is {model_type!r}, which ft export does not write to "
                           f"GGUF; it writes {', '.join(sorted(ARCHITECTURES))} (model_type in config.json). Nothing "
                           "was written. For another architecture use llama.cpp's convert_hf_to_gguf.py on a merged "
                           "model (ft merge).")
@@ -172,7 +172,7 @@ def _plan(model, arch: Architecture, quant: str, where: str) -> list[Planned]:
     config = model.config
     kind = rope_parameters(config).get("rope_type", "default")
     if kind not in ROPE_TYPES:
-        raise InferenceError(f"{where}: the model uses {kind!r} RoPE scaling (rope_parameters in config.json), which "
+        raise ExportError(f"{where}: the model uses {kind!r} RoPE scaling (rope_parameters in config.json), which "
                              f"ft export does not write; it writes {', '.join(ROPE_TYPES)}. Nothing was written.")
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch.gguf_arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
@@ -186,7 +186,7 @@ def _plan(model, arch: Architecture, quant: str, where: str) -> list[Planned]:
             continue  # one matrix for both ends: a file without output.weight says so
         found = names.get_type_and_name(source_name, try_suffixes=(".weight", ".bias"))
         if found is None:
-            raise InferenceError(f"{where}: the model holds a tensor {source_name!r} that GGUF's {arch.gguf_arch} "
+            raise ExportError(f"{where}: the model holds a tensor {source_name!r} that GGUF's {arch.gguf_arch} "
                                  "architecture has no name for, so llama.cpp would not use it. Nothing was written.")
         kind_of, name = found
         permute = None
@@ -254,7 +254,7 @@ def _convert(item: Planned, where: str):
     array = data.numpy()
     converted = gguf.quants.quantize(array, item.qtype)
     if item.qtype == gguf.GGMLQuantizationType.F16 and not np.isfinite(converted).all() and np.isfinite(array).all():
-        raise InferenceError(f"{where}: {item.name} holds values beyond float16's range (±65504), so --quant f16 "
+        raise ExportError(f"{where}: {item.name} holds values beyond float16's range (±65504), so --quant f16 "
                              "would write inf; export with --quant bf16 (same size, float32's range) or f32.")
     return converted
 

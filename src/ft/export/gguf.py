@@ -16,11 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..recipe.errors import first_line
-from .gguf_file import QUANTS, architecture_of, write_gguf
-from .locate import (
+from ..model.locate import (
     Found,
-    InferenceError,
     find_base,
     load_adapter_model,
     load_full,
@@ -29,6 +26,9 @@ from .locate import (
     scoring_model,
     start_config,
 )
+from ..recipe.errors import first_line
+from .errors import ExportError
+from .gguf_file import QUANTS, architecture_of, write_gguf
 from .modelfile import modelfile_text
 
 ARG = "RUN_OR_MODEL_DIR"
@@ -48,14 +48,14 @@ class Exported:
 def export(source: Path, out: Path, quant: str = "f16", overwrite: bool = False, modelfile: bool = False,
            say: Callable[[str], None] = print) -> Exported:
     if quant not in QUANTS:
-        raise InferenceError(f"--quant: {quant!r} is not one ft writes; choose one of {', '.join(QUANTS)}.")
+        raise ExportError(f"--quant: {quant!r} is not one ft writes; choose one of {', '.join(QUANTS)}.")
     modelfile_path = out.with_suffix(".Modelfile") if modelfile else None
     _check_out(out, overwrite, "--gguf")
     if modelfile_path is not None:
         _check_out(modelfile_path, overwrite, "--modelfile")
     found = locate(source, ARG)
     if scoring_model(found):
-        raise InferenceError(f"{ARG}: {found.path} is a reward model (a sequence classifier); GGUF files for "
+        raise ExportError(f"{ARG}: {found.path} is a reward model (a sequence classifier); GGUF files for "
                              "llama.cpp and Ollama hold models that write text. Nothing was written.")
     _check_architecture(found)
     _check_gguf()
@@ -84,9 +84,9 @@ def export(source: Path, out: Path, quant: str = "f16", overwrite: bool = False,
 
 def _check_out(path: Path, overwrite: bool, option: str) -> None:
     if path.is_dir():
-        raise InferenceError(f"{option}: {path} is a directory; give the file to write, e.g. {path / 'model.gguf'}.")
+        raise ExportError(f"{option}: {path} is a directory; give the file to write, e.g. {path / 'model.gguf'}.")
     if path.exists() and not overwrite:
-        raise InferenceError(f"{option}: {path} already exists; pass --overwrite to replace it, or choose another "
+        raise ExportError(f"{option}: {path} already exists; pass --overwrite to replace it, or choose another "
                              "name. Nothing was written.")
 
 
@@ -94,7 +94,7 @@ def _check_gguf() -> None:
     try:
         import gguf  # noqa: F401 - the writer, name maps and quantizers
     except ImportError:
-        raise InferenceError("--gguf: writing a GGUF file needs the `gguf` package, which is not installed here; run "
+        raise ExportError("--gguf: writing a GGUF file needs the `gguf` package, which is not installed here; run "
                              "`pip install 'ft[gguf]'` (or `pip install gguf`). Nothing was written.") from None
 
 
@@ -102,7 +102,7 @@ def _make_parent(out: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InferenceError(f"--gguf: cannot create the folder {out.parent}: {first_line(exc)}. Choose a writable "
+        raise ExportError(f"--gguf: cannot create the folder {out.parent}: {first_line(exc)}. Choose a writable "
                              "path. Nothing was written.") from None
 
 
@@ -156,7 +156,7 @@ def _atomically(path: Path, write: Callable[[Path], object]):
         partial.unlink(missing_ok=True)
         why = exc.strerror or ("the system took only part of the data (a full disk or a file size limit)"
                                if exc.errno is None else first_line(exc))
-        raise InferenceError(f"cannot write {path}: {why}. Nothing was written (the partial file was removed); free "
+        raise ExportError(f"cannot write {path}: {why}. Nothing was written (the partial file was removed); free "
                              "space or choose another path.") from None
     except BaseException:
         partial.unlink(missing_ok=True)

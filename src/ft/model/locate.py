@@ -27,16 +27,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model.loading import ModelLoadError, load_config, load_model, load_weights, names_a_path
+from ..errors import FtError
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
+from .loading import ModelLoadError, load_config, load_model, load_weights, names_a_path
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
 
-class InferenceError(Exception):
-    """A directory, prompt file or base model that ``ft merge`` / ``ft generate`` cannot use (exit code 2)."""
+class LocateError(FtError):
+    """A run, model directory, adapter or base model that a command or a recipe names, and that cannot be found or
+    used (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def locate(path: Path, arg: str) -> Found:
     """A model, adapter or run directory → the model or adapter folder to use. A run directory means its final/;
     a run that stopped early has none, and then the user picks a checkpoint (ft does not guess which)."""
     if not path.exists():
-        raise InferenceError(f"{arg}: {str(path)!r} does not exist. Pass a run directory (train.output_dir), its "
+        raise LocateError(f"{arg}: {str(path)!r} does not exist. Pass a run directory (train.output_dir), its "
                              "final/ or a checkpoint-N/ folder, or a model directory.")
     if (path / "adapter_config.json").is_file():
         return Found("adapter", path, _run_of(path))
@@ -67,9 +69,9 @@ def locate(path: Path, arg: str) -> Found:
         saved = complete_checkpoints(path)
         pick = (f"pass its newest complete checkpoint, {saved[-1]}, instead" if saved else
                 "it saved no complete checkpoint either, so there is nothing to load; train it to the end first")
-        raise InferenceError(f"{arg}: the run in {path} has no final/ (it did not finish; summary.json says why): "
+        raise LocateError(f"{arg}: the run in {path} has no final/ (it did not finish; summary.json says why): "
                              f"{pick}.")
-    raise InferenceError(f"{arg}: {path} holds neither a model (config.json), a LoRA adapter (adapter_config.json) "
+    raise LocateError(f"{arg}: {path} holds neither a model (config.json), a LoRA adapter (adapter_config.json) "
                          "nor a run (recipe.yaml and final/). Pass a run directory, its final/ or a model directory.")
 
 
@@ -108,7 +110,7 @@ def find_base(found: Found, arg: str) -> Base:
         return Base(model.name, model.revision, model.init, recipe, seed, str(found.run_dir / "recipe.yaml"),
                     _training_dtype(model.dtype, model.quantization and model.quantization.compute_dtype))
     if recorded.get("gguf_file"):
-        raise InferenceError(f"{arg}: the adapter's base is a GGUF file ({recorded['gguf_file']} in "
+        raise LocateError(f"{arg}: the adapter's base is a GGUF file ({recorded['gguf_file']} in "
                              f"{recorded.get('name')}), which ft rebuilds from the run's recipe.yaml, and none sits "
                              "next to the adapter; pass the run directory (train.output_dir, with its recipe.yaml).")
     if recorded.get("name"):
@@ -119,7 +121,7 @@ def find_base(found: Found, arg: str) -> Base:
     adapter = _read_json(found.path / "adapter_config.json", arg)
     name = adapter.get("base_model_name_or_path")
     if not name:
-        raise InferenceError(f"{arg}: {found.path / 'adapter_config.json'} names no base model "
+        raise LocateError(f"{arg}: {found.path / 'adapter_config.json'} names no base model "
                              "(base_model_name_or_path) and no run recipe.yaml sits next to it; pass the run "
                              "directory the adapter came from.")
     return Base(name, adapter.get("revision"), "pretrained", None, None, str(found.path / "adapter_config.json"))
@@ -149,7 +151,7 @@ def _run_recipe(run_dir: Path, arg: str):
     try:
         return load_recipe(run_dir / "recipe.yaml").recipe
     except RecipeError as exc:
-        raise InferenceError(f"{arg}: the run's {run_dir / 'recipe.yaml'} no longer validates, so the adapter's base "
+        raise LocateError(f"{arg}: the run's {run_dir / 'recipe.yaml'} no longer validates, so the adapter's base "
                              f"cannot be rebuilt from it: {str(exc).splitlines()[-1].strip()}. Fix that file (it is "
                              "the run's resolved recipe, as ft train wrote it).") from None
 
@@ -158,7 +160,7 @@ def _read_json(path: Path, arg: str) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise InferenceError(f"{arg}: {path} is not readable JSON ({first_line(exc)}); the folder is damaged or "
+        raise LocateError(f"{arg}: {path} is not readable JSON ({first_line(exc)}); the folder is damaged or "
                              "was not written by PEFT.") from None
 
 
@@ -177,13 +179,13 @@ def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
         try:
             return load_start(base.recipe.model_copy(update={"model": section}), seed=base.seed or 0, say=say)
         except ModelLoadError as exc:
-            raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+            raise LocateError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
     return _from_pretrained(base, dtype, arg)
 
 
 def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
     if base.recipe is None:
-        raise InferenceError(f"{arg}: the adapter's base {base.name!r} was built with random weights "
+        raise LocateError(f"{arg}: the adapter's base {base.name!r} was built with random weights "
                              f"(model.init: random, per {base.source}), which are not on disk; ft rebuilds them only "
                              "from the run's recipe.yaml (its model section and seed), and none sits next to the "
                              "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
@@ -193,29 +195,29 @@ def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
     try:
         return load_model(base.recipe.model_copy(update={"model": section}), seed=base.seed)
     except ModelLoadError as exc:
-        raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+        raise LocateError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
 
 
 def _check_weights(base: Base, arg: str) -> None:
     """A local base folder without weights is the config of a random-init run: say so, not "file not found". A GGUF
     base's weights are in its .gguf file, checked as ``ft train`` checks it (the gguf package, the whole file)."""
     if base.recipe is not None and base.recipe.model.gguf_file:
-        from ..model.loading import gguf_problems
+        from .loading import gguf_problems
 
         problems = gguf_problems(base.recipe.model)
         if problems:
-            raise InferenceError(f"{arg}: the adapter's base (from {base.source}): {problems[0].render()}")
+            raise LocateError(f"{arg}: the adapter's base (from {base.source}): {problems[0].render()}")
         return
     folder = Path(base.name)
     try:
         started_from_run = base.recipe is not None and named_run(base.recipe.model) is not None
     except ModelLoadError as exc:  # the run it started from is gone or unfinished (no final/)
-        raise InferenceError(f"{arg}: the adapter's base (from {base.source}) is a run that cannot be loaded: "
+        raise LocateError(f"{arg}: the adapter's base (from {base.source}) is a run that cannot be loaded: "
                              f"{str(exc).removeprefix('model.name: ')}") from None
     if started_from_run:
         return  # a run: its adapter and base are checked as they load (load_start)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise InferenceError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
+        raise LocateError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
                              "weights: the run built it with model.init: random, and only the run directory records "
                              "the seed that rebuilds it. Pass the run directory (with its recipe.yaml) instead.")
 
@@ -228,7 +230,7 @@ def _from_pretrained(base: Base, dtype: str, arg: str):
         return AutoModelForCausalLM.from_pretrained(base.name, revision=base.revision,
                                                     dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
-        raise InferenceError(_unreachable(base, arg, first_line(exc))) from None
+        raise LocateError(_unreachable(base, arg, first_line(exc))) from None
 
 
 def _unreachable(base: Base, arg: str, why: str) -> str:
@@ -240,8 +242,8 @@ def _unreachable(base: Base, arg: str, why: str) -> str:
 
 def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[[str], None]):
     """(base + adapter through PEFT, not merged, as training evaluated it; the adapter's tokenizer)."""
-    from ..model.adapters import fit_embeddings
-    from ..model.bnb_import import import_bitsandbytes
+    from .adapters import fit_embeddings
+    from .bnb_import import import_bitsandbytes
 
     import_bitsandbytes(uses_it=False)  # the base loads unquantized (load_base): no bitsandbytes code runs
     from peft import PeftModel
@@ -253,15 +255,15 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
     try:
         return PeftModel.from_pretrained(model, str(found.path)).eval(), tokenizer
     except (OSError, ValueError, RuntimeError) as exc:
-        raise InferenceError(f"{arg}: the adapter in {found.path} does not fit its base {base.name!r}: "
+        raise LocateError(f"{arg}: the adapter in {found.path} does not fit its base {base.name!r}: "
                              f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
 
 
 def load_as_trained(found: Found, tokenizer, arg: str):
     """Base + adapter as training ran them, unmerged: the base built from the run's recipe, quantized as it says (a
     QLoRA base in 4 or 8 bits). None without the run's recipe (a bare adapter folder records no quantization)."""
-    from ..model.adapters import fit_embeddings
-    from ..model.bnb_import import import_bitsandbytes
+    from .adapters import fit_embeddings
+    from .bnb_import import import_bitsandbytes
 
     base = find_base(found, arg)
     if base.recipe is None:
@@ -272,7 +274,7 @@ def load_as_trained(found: Found, tokenizer, arg: str):
     try:
         model = load_start(base.recipe, seed=base.seed or 0)
     except ModelLoadError as exc:
-        raise InferenceError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
+        raise LocateError(_unreachable(base, arg, first_line(exc.__context__ or exc))) from None
     fit_embeddings(model, tokenizer)
     return PeftModel.from_pretrained(model, str(found.path)).eval()
 
@@ -290,7 +292,7 @@ def named_run(section) -> Found | None:
         return None
     try:
         return locate(path, "model.name")
-    except InferenceError as exc:
+    except LocateError as exc:
         raise ModelLoadError(str(exc)) from None
 
 
@@ -324,7 +326,7 @@ def load_start(recipe, seed: int, say: Callable[[str], None] = lambda _: None):
         return load_model(recipe.model_copy(update={"model": _as_folder(recipe.model, found)}), seed)
     try:
         model, _ = load_adapter_model(found, None, "model.name", say)
-    except InferenceError as exc:
+    except LocateError as exc:
         raise ModelLoadError(str(exc)) from None
     say(f"ft: model.name is a LoRA run: its adapter ({found.path}) folded into its base")
     folded = model.merge_and_unload(safe_merge=True)
@@ -334,7 +336,7 @@ def load_start(recipe, seed: int, say: Callable[[str], None] = lambda _: None):
 def start_tokenizer(section, say: Callable[[str], None] | None = None):
     """The tokenizer of the model ``section`` names: for a run, the one saved with its model or adapter (with the chat
     template it trained with), else its base's."""
-    from ..model.loading import load_tokenizer as load_named
+    from .loading import load_tokenizer as load_named
 
     found = named_run(section)
     if found is None or found.kind == "full":
@@ -343,7 +345,7 @@ def start_tokenizer(section, say: Callable[[str], None] | None = None):
         has_own = (found.path / "tokenizer_config.json").is_file()
         base = None if has_own else find_base(found, "model.name")  # the run's recipe, read only when needed
         return load_tokenizer(found, "model.name", say or (lambda _: None), base)
-    except InferenceError as exc:
+    except LocateError as exc:
         raise ModelLoadError(str(exc)) from None
 
 
@@ -357,7 +359,7 @@ def start_config(section):
 
     try:
         base = find_base(found, "model.name")
-    except InferenceError as exc:
+    except LocateError as exc:
         raise ModelLoadError(str(exc)) from None
     if base.recipe is not None:
         return start_config(base.recipe.model)
@@ -382,7 +384,7 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT)."""
     found = locate(path, "MODEL_OR_RUN_DIR")
     if scoring_model(found):
-        raise InferenceError(f"MODEL_OR_RUN_DIR: {found.path} is a reward model (it scores a text with one number) "
+        raise LocateError(f"MODEL_OR_RUN_DIR: {found.path} is a reward model (it scores a text with one number) "
                              "and writes no text; load it with AutoModelForSequenceClassification to score, or "
                              "generate with the policy model it scores.")
     if found.kind == "adapter":
@@ -404,7 +406,7 @@ def load_full(folder: Path, dtype: str, arg: str = "MODEL_OR_RUN_DIR"):
     try:
         return AutoModelForCausalLM.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
-        raise InferenceError(f"{arg}: could not load the model in {folder}: {first_line(exc)}. It needs "
+        raise LocateError(f"{arg}: could not load the model in {folder}: {first_line(exc)}. It needs "
                              "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
 
 
@@ -420,7 +422,7 @@ def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Bas
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
     except (OSError, ValueError) as exc:
-        raise InferenceError(f"{arg}: could not load the tokenizer from {folder}: {first_line(exc)}. Save the "
+        raise LocateError(f"{arg}: could not load the tokenizer from {folder}: {first_line(exc)}. Save the "
                              "tokenizer next to the weights (ft train does).") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

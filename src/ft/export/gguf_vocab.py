@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from .locate import InferenceError
+from .errors import ExportError
 
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -31,7 +31,7 @@ def tokenizer_kind(tokenizer, where: str) -> str:
         return "llama"
     if model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
         return "gpt2"
-    raise InferenceError(f"{where}: the tokenizer is a {model.get('type') or type(tokenizer).__name__} tokenizer; "
+    raise ExportError(f"{where}: the tokenizer is a {model.get('type') or type(tokenizer).__name__} tokenizer; "
                          "ft export writes byte-level BPE (Llama 3, Qwen2, SmolLM2) and SentencePiece-style BPE with "
                          "byte fallback (Llama 2, Mistral) tokenizers. Nothing was written.")
 
@@ -75,7 +75,7 @@ def _tokens(tokenizer, vocab_size: int, kind: str, where: str):
 
     vocab = tokenizer.get_vocab()
     if vocab and max(vocab.values()) >= vocab_size:
-        raise InferenceError(f"{where}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary "
+        raise ExportError(f"{where}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary "
                              f"(vocab_size) is {vocab_size}; the tokenizer does not belong to this model. Nothing "
                              "was written.")
     by_id = {index: token for token, index in vocab.items()}

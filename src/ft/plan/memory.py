@@ -1,9 +1,6 @@
-"""``ft plan``: a recipe's peak training memory per device, from the model's config alone.
-
-Only the config is read (``config.json`` or a GGUF file's metadata, through ``transformers.AutoConfig``; no weights,
-no torch): the parameters of a Llama-style decoder (Llama, Mistral, Qwen2, Gemma, …) are counted from it, and every
-part of the peak is a formula over the recipe and ft's defaults for the device. docs/plan.md derives the formulas and
-gives their measured accuracy (``benchmarks/plan_accuracy.py``).
+"""The memory model of ``ft plan``: a recipe's peak training memory per device, every part a formula over the model's
+shape, the recipe and ft's defaults for the device. docs/plan.md derives the formulas and gives their measured
+accuracy (``benchmarks/plan_accuracy.py``).
 
 The peak is the largest of three moments of a training step:
 
@@ -13,130 +10,27 @@ The peak is the largest of three moments of a training step:
 
 Gradients are held through the forward and backward only with gradient accumulation; otherwise the Trainer frees
 them after each step. What no formula here knows (allocator fragmentation, the CUDA context, library workspaces,
-FSDP/DeepSpeed sharding) is left out and said so.
+FSDP/DeepSpeed sharding) is left out and said so. The constants the model counts with live here, and the code whose
+memory they describe reads them from here (``ENTROPY_CHUNK``: ``ft.trainers.token_metrics``).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
-from .inference.locate import start_config
-from .model.loading import ModelLoadError, gguf_problems, names_a_path
-from .recipe import Recipe
-from .recipe.methods import METHODS
-from .recipe.optimizers import traits
-from .run.hardware import Hardware, device_defaults
-from .trainers.token_metrics import ENTROPY_CHUNK
+from ..machine.hardware import Hardware, device_defaults
+from ..recipe import Recipe
+from ..recipe.methods import METHODS
+from ..recipe.optimizers import traits
+from .shape import DTYPE_BYTES, Linear, Shape
 
-KiB, MiB, GiB = 2**10, 2**20, 2**30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ENTROPY_CHUNK = 2**25  # float32 values per chunk of the token metrics' entropy: three such chunks are counted here
 TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.kernels.chunked_logprob)
 BNB_MIN_8BIT = 4096  # bitsandbytes and torchao keep tensors smaller than this in 32-bit state
 FOREACH = {"adamw_torch", "sgd", "adagrad", "rmsprop", "schedule_free_adamw", "schedule_free_sgd"}
 FITS_BELOW = 0.9  # of the GPU's memory: the rest is for the CUDA context, fragmentation and library workspaces
-PROJECTED = [r".*self_attn.*", r".*mlp.*"]  # the modules a suggested GaLore projects
-
-
-class PlanError(Exception):
-    """No estimate can be made (unreadable config, an architecture not modelled, a bad --gpu-memory): exit 2."""
-
-
-# --- the model, from its config -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Linear:
-    name: str  # the module name PEFT and transformers match targets against: model.layers.0.self_attn.q_proj
-    fan_in: int
-    fan_out: int
-    reads: str  # the tensor it reads: attn_in / mlp_in (a norm's output), attn_out, mlp_mid, head
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    model_type: str
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    biases: int  # bias values per layer
-    dtype: str | None  # the checkpoint's, which model.dtype: auto keeps
-
-    @property
-    def q(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def layer_linears(self, i: int) -> list[Linear]:
-        h, q, kv, inter, p = self.hidden, self.q, self.kv, self.intermediate, f"model.layers.{i}."
-        return [Linear(p + "self_attn.q_proj", h, q, "attn_in"), Linear(p + "self_attn.k_proj", h, kv, "attn_in"),
-                Linear(p + "self_attn.v_proj", h, kv, "attn_in"), Linear(p + "self_attn.o_proj", q, h, "attn_out"),
-                Linear(p + "mlp.gate_proj", h, inter, "mlp_in"), Linear(p + "mlp.up_proj", h, inter, "mlp_in"),
-                Linear(p + "mlp.down_proj", inter, h, "mlp_mid")]
-
-    def linears(self) -> list[Linear]:
-        return [lin for i in range(self.layers) for lin in self.layer_linears(i)] + [
-            Linear("lm_head", self.hidden, self.vocab, "head")]
-
-
-_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
-
-def read_shape(recipe: Recipe) -> Shape:
-    """The model's dimensions, from its config (local directory, the hub cache, or the hub when online; a GGUF
-    file's metadata)."""
-    model = recipe.model
-    problems = gguf_problems(model)
-    if problems:
-        raise PlanError(problems[0].render())
-    try:
-        config = start_config(model)  # a run's: its base's config
-    except ModelLoadError as exc:  # a run that cannot be read: said as ft merge says it
-        raise PlanError(str(exc)) from None
-    except (OSError, ValueError) as exc:
-        if names_a_path(model.name):
-            raise PlanError(f"model.name: {model.name!r} is not a directory (a relative path is read from the "
-                            "recipe's folder); `ft plan` needs only the model's config.json: point model.name at "
-                            "a directory that holds one (for a run's final/, train that run first).") from None
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
-        raise PlanError(
-            f"model.name: could not read the model's config from {model.name!r}: {first}. `ft plan` needs only its "
-            "config.json: set model.name to a local directory that holds one, or to a hub id that is in the local "
-            "cache or reachable from this machine (unset HF_HUB_OFFLINE to download it; `hf auth login` for gated "
-            "models).") from None
-    config = config.get_text_config()
-    missing = [key for key in _REQUIRED if getattr(config, key, None) is None]
-    experts = [key for key in _EXPERTS if getattr(config, key, None)]
-    kind = getattr(config, "model_type", "?")
-    if missing or experts:
-        why = (f"lacks {', '.join(missing)}" if missing
-               else f"is a mixture of experts ({experts[0]}: {getattr(config, experts[0])})")
-        raise PlanError(f"model.name: the config of {model.name!r} ({kind}) {why}; `ft plan` models dense "
-                        "Llama-style decoders (Llama, Mistral, Qwen2, Gemma, …) and cannot estimate this model.")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    attention_bias = bool(getattr(config, "attention_bias", False)) or kind.startswith("qwen2")
-    biases = (heads + 2 * kv_heads) * head_dim if attention_bias else 0
-    if getattr(config, "mlp_bias", False):
-        biases += 2 * config.intermediate_size + config.hidden_size
-    dtype = getattr(config, "dtype", None)
-    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
-    return Shape(model.name, kind, config.hidden_size, config.intermediate_size, config.num_hidden_layers, heads,
-                 kv_heads, head_dim, config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)), biases,
-                 dtype if dtype in DTYPE_BYTES else None)
 
 
 # --- what the estimate depends on ---------------------------------------------------------------------------------
@@ -209,8 +103,8 @@ class Setup:
 
 def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1) -> Setup:
     """ft's view of the recipe on ``gpus`` devices of kind ``device``: the recipe's keys, then ft's defaults for
-    the device (``ft.run.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a CPU), then
-    TRL's."""
+    the device (``ft.machine.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a
+    CPU), then TRL's."""
     hw = Hardware(cuda=device == "cuda", bf16=True, devices=gpus, name=device)
     train = {**device_defaults(recipe, hw), **recipe.train_args}
     checkpointing = train.get("activation_checkpointing")
@@ -586,221 +480,3 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     parts = tuple(p for p in parts if p.size > 0)
     return Estimate(s, parts, phase, sum(p.numel for p in params if p.kind != "adapter" and not
                                          p.module.endswith(".copy")), sum(p.numel for p in trainable))
-
-
-# --- suggestions ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    changes: dict  # recipe key -> new value
-    estimate: Estimate
-
-
-def _candidates(s: Setup, fits: Callable[[Setup], bool]) -> list[tuple[dict, Setup]]:
-    """Single recipe changes that lower the peak, least disruptive first."""
-    out = []
-    if not s.checkpointing:
-        out.append(({"train.gradient_checkpointing": True}, replace(s, checkpointing=True)))
-    if s.batch > 1:  # the largest smaller batch that fits (else 1), accumulating to the same batch per update
-        for batch in sorted({max(1, s.batch // 2**k) for k in range(1, 16)}, reverse=True):
-            new = replace(s, batch=batch, accumulation=math.ceil(s.batch * s.accumulation / batch))
-            if batch == 1 or fits(new):
-                out.append(({"train.per_device_train_batch_size": batch,
-                             "train.gradient_accumulation_steps": new.accumulation}, new))
-                break
-    if s.device == "cuda" and s.dtype == "float32" and not s.bits:
-        out.append(({"model.dtype": "bfloat16"}, replace(s, dtype="bfloat16")))
-    if OPTIMIZER_STATE.get(s.optimizer, ADAMW) in (ADAMW, ADAMW_32):
-        out.append(({"optimizer.name": "adamw_8bit"}, replace(s, optimizer="adamw_8bit", optim_args=())))
-    lora = Adapter(16, "all-linear", 0.05, False)
-    if s.adapter is None:
-        out.append(({"adapter": {"kind": "lora"}}, replace(s, adapter=lora, reference=False)))
-    if s.bits is None and s.device == "cuda":
-        change = {"model.quantization": {"bits": 4}}
-        out.append(({**({} if s.adapter else {"adapter": {"kind": "lora"}}), **change},
-                    replace(s, adapter=s.adapter or lora, reference=False, bits=4, double_quant=True)))
-    if s.adapter is None and s.optimizer in ("adamw_torch", "adamw_torch_fused"):
-        out.append(({"optimizer.name": "galore_adamw", "optimizer.target_modules": PROJECTED},
-                    replace(s, optimizer="galore_adamw", optim_args=(), optim_targets=tuple(PROJECTED))))
-    return out
-
-
-def suggestions(shape: Shape, s: Setup, budget: float) -> list[Suggestion]:
-    """Changes that each make the recipe fit in ``budget``; if none does alone, changes that fit together (taken
-    in the order of ``_candidates``, each on top of the ones before, skipping those that save nothing)."""
-    def total(setup: Setup) -> float:
-        return estimate(shape, setup).total
-
-    def fits(setup: Setup) -> bool:
-        return total(setup) <= FITS_BELOW * budget
-
-    found = [Suggestion(changes, estimate(shape, new)) for changes, new in _candidates(s, fits) if fits(new)]
-    if found:
-        return found
-    changes, current = {}, s
-    while not fits(current):
-        options = [(c, new) for c, new in _candidates(current, fits)
-                   if not c.keys() <= changes.keys() and total(new) < 0.99 * total(current)]
-        if not options:
-            return []
-        change, current = options[0]
-        changes.update(change)
-    return [Suggestion(changes, estimate(shape, current))]
-
-
-# --- the report ------------------------------------------------------------------------------------------------------
-
-
-def parse_memory(text: str) -> float:
-    """'80GiB', '24GB', '16G' (GiB), '81920MiB', '80' (GiB) -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*", text, re.I)
-    if not match or float(match.group(1)) <= 0:
-        raise PlanError(f"--gpu-memory: {text!r} is not an amount of memory; write it like 80GiB, 24GB or 16G.")
-    value, prefix, suffix = float(match.group(1)), match.group(2).upper() or "G", match.group(3)
-    power = "KMGT".index(prefix) + 1
-    return value * (1000**power if suffix.upper() == "B" else 1024**power)
-
-
-def local_gpu_memory() -> float | None:
-    """Memory of this machine's first GPU, or None without CUDA."""
-    import torch
-
-    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
-
-
-@dataclass(frozen=True)
-class Plan:
-    source: str
-    shape: Shape
-    estimate: Estimate
-    budget: float | None
-    suggestions: list[Suggestion]
-
-    @property
-    def fits(self) -> bool | None:
-        return None if self.budget is None else self.estimate.total <= FITS_BELOW * self.budget
-
-    def as_dict(self) -> dict:
-        e = self.estimate
-        return {
-            "recipe": self.source, "model": asdict(self.shape), "setup": asdict(e.setup),
-            "parameters": e.params, "trainable_parameters": e.trainable,
-            "components": [{"name": p.name, "bytes": round(p.size), "at_peak_bytes": round(p.at_peak)}
-                           for p in e.parts],
-            "peak_bytes": round(e.total), "peak_phase": e.phase,
-            "gpu_memory_bytes": None if self.budget is None else round(self.budget), "fits": self.fits,
-            "suggestions": [{"changes": x.changes, "set": set_args(x.changes), "peak_bytes": round(x.estimate.total)}
-                            for x in self.suggestions],
-        }
-
-    def render(self) -> str:
-        e, s, shape = self.estimate, self.estimate.setup, self.shape
-        where = ("the CPU" if s.device == "cpu" else f"{s.gpus} GPUs (DDP)" if s.gpus > 1 else "1 GPU")
-        precision = f"{s.mixed} autocast" if s.mixed else "no autocast"
-        trained = ("full fine-tuning" if s.adapter is None
-                   else f"LoRA r={s.adapter.r}{' (DoRA)' if s.adapter.dora else ''}")
-        lines = [
-            f"ft plan: {self.source}, per device on {where}",
-            f"model: {shape.name} ({shape.model_type}, {shape.layers} layers, hidden {shape.hidden}, vocab "
-            f"{shape.vocab}): {e.params / 1e6:,.1f}M parameters, {e.trainable / 1e6:,.2f}M trained ({trained})",
-            f"step: {s.batch} × {s.max_length} tokens{' packed' if s.packing else ''}, gradient accumulation "
-            f"{s.accumulation}; {precision}; activation checkpointing {'on' if s.checkpointing else 'off'}; "
-            f"{s.attention} attention; optimizer {s.optimizer}",
-            "",
-            f"{'component':<52}{'size':>12}{'at peak':>12}",
-        ]
-        lines += [f"{p.name:<52}{human(p.size):>12}{human(p.at_peak):>12}" for p in e.parts]
-        lines.append(f"{'peak (in the ' + e.phase + ')':<52}{'':>12}{human(e.total):>12}")
-        if self.budget is None:
-            lines.append("\nNo GPU here to compare with: pass --gpu-memory (e.g. 80GiB) to check that it fits.")
-            return "\n".join(lines)
-        share = e.total / self.budget
-        verdict = ("fits" if self.fits else "too tight (over 90%: leave room for the CUDA context and fragmentation)"
-                   if share <= 1 else "does not fit")
-        lines.append(f"\n{human(self.budget)} {'per GPU' if s.device == 'cuda' else 'of memory'}: {verdict}, "
-                     f"{share:.1%} of it.")
-        if not self.fits:
-            lines += self._render_suggestions()
-        return "\n".join(lines)
-
-    def _render_suggestions(self) -> list[str]:
-        if not self.suggestions:
-            return ["No change ft plan knows makes it fit: use GPUs with more memory or a smaller model "
-                    "(FSDP/DeepSpeed sharding is not modelled yet)."]
-        alone = len(self.suggestions) > 1 or len(self.suggestions[0].changes) <= 2
-        lines = ["Changes that make it fit" + (", each on its own:" if alone else " (together):")]
-        for x in self.suggestions:
-            lines.append(f"  {'; '.join(f'{k}: {_yaml(v)}' for k, v in x.changes.items()):<62}"
-                         f"{human(x.estimate.total):>12}")
-        first = " ".join(f"--set {arg}" for arg in set_args(self.suggestions[0].changes))
-        lines.append(f"Check one with: ft plan {self.source} {first}")
-        return lines
-
-
-def _yaml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(f"'{v}'" for v in value) + "]"
-    return str(value)
-
-
-def set_args(changes: dict) -> list[str]:
-    """The changes as ``--set`` arguments (dotted keys, YAML values)."""
-    flat = {}
-    for key, value in changes.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
-    return [f"{k}={_yaml(v)}" for k, v in flat.items()]
-
-
-def human(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-@dataclass(frozen=True)
-class StepFigures:
-    """What ``ft train``'s preflight check reads of the estimate: the step's peak, the optimizer state in it (not
-    allocated before the first optimizer step), and the single changes that lower the peak, as ``key: value``."""
-
-    peak: float
-    optimizer_state: float
-    lowering: tuple[str, ...]
-    checkpoint: float = 0.0  # a checkpoint's main files: the trained weights (all of them, or the adapter's) and the
-    # optimizer state
-
-
-def step_figures(recipe: Recipe, device: str, budget: float | None = None) -> StepFigures:
-    """The estimate of ``recipe`` on ``device`` (one process), for the preflight and disk checks; raises PlanError. The
-    smaller batch suggested is the largest that fits in ``budget`` by the estimate, or half the batch without one."""
-    shape = read_shape(recipe)
-    setup = setup_for(recipe, shape, device)
-    result = estimate(shape, setup)
-    state = sum(p.size for p in result.parts if p.name.startswith("optimizer state"))
-
-    def fits(new: Setup) -> bool:
-        return budget is None or estimate(shape, new).total <= FITS_BELOW * budget
-
-    lowering = tuple(", ".join(arg.replace("=", ": ", 1) for arg in set_args(changes))
-                     for changes, _ in _candidates(setup, fits))
-    saved = sum(p.size for p in parameters(shape, setup) if p.trainable or setup.adapter is None)
-    return StepFigures(result.total, state, lowering, saved + state)
-
-
-def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int = 1, device: str = "cuda") -> Plan:
-    """The whole of ``ft plan``: the estimate for the recipe, and changes that make it fit when it does not."""
-    budget = parse_memory(gpu_memory) if gpu_memory is not None else (
-        local_gpu_memory() if device == "cuda" else None)
-    shape = read_shape(recipe)
-    setup = setup_for(recipe, shape, device, gpus)
-    result = estimate(shape, setup)
-    fits = budget is None or result.total <= FITS_BELOW * budget
-    return Plan(source, shape, result, budget, [] if fits else suggestions(shape, setup, budget))

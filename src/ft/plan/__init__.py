@@ -1,0 +1,4 @@
+"""``ft plan``: a recipe's peak training memory per device, from the model's config alone. ``shape`` reads the model's
+dimensions from its config, ``memory`` is the memory model (every part of a step's peak, and the constants it
+counts with), ``suggest`` the single changes that lower the peak (and the figures ``ft train``'s checks read),
+``report`` the command's report. Import the modules themselves; this package imports nothing."""

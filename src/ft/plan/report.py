@@ -1,0 +1,110 @@
+"""The report of ``ft plan``: the estimate for a recipe on a device, whether it fits the GPU's memory, and changes that
+make it fit when it does not (as text, or as JSON with ``--json``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from ..recipe import Recipe
+from ..units import human
+from .memory import FITS_BELOW, Estimate, estimate, setup_for
+from .shape import PlanError, Shape, read_shape
+from .suggest import Suggestion, set_args, suggestions, yaml_value
+
+
+def parse_memory(text: str) -> float:
+    """'80GiB', '24GB', '16G' (GiB), '81920MiB', '80' (GiB) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*", text, re.I)
+    if not match or float(match.group(1)) <= 0:
+        raise PlanError(f"--gpu-memory: {text!r} is not an amount of memory; write it like 80GiB, 24GB or 16G.")
+    value, prefix, suffix = float(match.group(1)), match.group(2).upper() or "G", match.group(3)
+    power = "KMGT".index(prefix) + 1
+    return value * (1000**power if suffix.upper() == "B" else 1024**power)
+
+
+def local_gpu_memory() -> float | None:
+    """Memory of this machine's first GPU, or None without CUDA."""
+    import torch
+
+    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str
+    shape: Shape
+    estimate: Estimate
+    budget: float | None
+    suggestions: list[Suggestion]
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget is None else self.estimate.total <= FITS_BELOW * self.budget
+
+    def as_dict(self) -> dict:
+        e = self.estimate
+        return {
+            "recipe": self.source, "model": asdict(self.shape), "setup": asdict(e.setup),
+            "parameters": e.params, "trainable_parameters": e.trainable,
+            "components": [{"name": p.name, "bytes": round(p.size), "at_peak_bytes": round(p.at_peak)}
+                           for p in e.parts],
+            "peak_bytes": round(e.total), "peak_phase": e.phase,
+            "gpu_memory_bytes": None if self.budget is None else round(self.budget), "fits": self.fits,
+            "suggestions": [{"changes": x.changes, "set": set_args(x.changes), "peak_bytes": round(x.estimate.total)}
+                            for x in self.suggestions],
+        }
+
+    def render(self) -> str:
+        e, s, shape = self.estimate, self.estimate.setup, self.shape
+        where = ("the CPU" if s.device == "cpu" else f"{s.gpus} GPUs (DDP)" if s.gpus > 1 else "1 GPU")
+        precision = f"{s.mixed} autocast" if s.mixed else "no autocast"
+        trained = ("full fine-tuning" if s.adapter is None
+                   else f"LoRA r={s.adapter.r}{' (DoRA)' if s.adapter.dora else ''}")
+        lines = [
+            f"ft plan: {self.source}, per device on {where}",
+            f"model: {shape.name} ({shape.model_type}, {shape.layers} layers, hidden {shape.hidden}, vocab "
+            f"{shape.vocab}): {e.params / 1e6:,.1f}M parameters, {e.trainable / 1e6:,.2f}M trained ({trained})",
+            f"step: {s.batch} × {s.max_length} tokens{' packed' if s.packing else ''}, gradient accumulation "
+            f"{s.accumulation}; {precision}; activation checkpointing {'on' if s.checkpointing else 'off'}; "
+            f"{s.attention} attention; optimizer {s.optimizer}",
+            "",
+            f"{'component':<52}{'size':>12}{'at peak':>12}",
+        ]
+        lines += [f"{p.name:<52}{human(p.size):>12}{human(p.at_peak):>12}" for p in e.parts]
+        lines.append(f"{'peak (in the ' + e.phase + ')':<52}{'':>12}{human(e.total):>12}")
+        if self.budget is None:
+            lines.append("\nNo GPU here to compare with: pass --gpu-memory (e.g. 80GiB) to check that it fits.")
+            return "\n".join(lines)
+        share = e.total / self.budget
+        verdict = ("fits" if self.fits else "too tight (over 90%: leave room for the CUDA context and fragmentation)"
+                   if share <= 1 else "does not fit")
+        lines.append(f"\n{human(self.budget)} {'per GPU' if s.device == 'cuda' else 'of memory'}: {verdict}, "
+                     f"{share:.1%} of it.")
+        if not self.fits:
+            lines += self._render_suggestions()
+        return "\n".join(lines)
+
+    def _render_suggestions(self) -> list[str]:
+        if not self.suggestions:
+            return ["No change ft plan knows makes it fit: use GPUs with more memory or a smaller model "
+                    "(FSDP/DeepSpeed sharding is not modelled yet)."]
+        alone = len(self.suggestions) > 1 or len(self.suggestions[0].changes) <= 2
+        lines = ["Changes that make it fit" + (", each on its own:" if alone else " (together):")]
+        for x in self.suggestions:
+            lines.append(f"  {'; '.join(f'{k}: {yaml_value(v)}' for k, v in x.changes.items()):<62}"
+                         f"{human(x.estimate.total):>12}")
+        first = " ".join(f"--set {arg}" for arg in set_args(self.suggestions[0].changes))
+        lines.append(f"Check one with: ft plan {self.source} {first}")
+        return lines
+
+
+def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int = 1, device: str = "cuda") -> Plan:
+    """The whole of ``ft plan``: the estimate for the recipe, and changes that make it fit when it does not."""
+    budget = parse_memory(gpu_memory) if gpu_memory is not None else (
+        local_gpu_memory() if device == "cuda" else None)
+    shape = read_shape(recipe)
+    setup = setup_for(recipe, shape, device, gpus)
+    result = estimate(shape, setup)
+    fits = budget is None or result.total <= FITS_BELOW * budget
+    return Plan(source, shape, result, budget, [] if fits else suggestions(shape, setup, budget))
