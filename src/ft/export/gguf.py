@@ -56,7 +56,7 @@ def export(source: Path, out: Path, quant: str = "f16", overwrite: bool = False,
     found = locate(source, ARG)
     if scoring_model(found):
         raise ExportError(f"{ARG}: {found.path} is a reward model (a sequence classifier); GGUF files for "
-                             "llama.cpp and Ollama hold models that write text. Nothing was written.")
+                          "llama.cpp and Ollama hold models that write text. Nothing was written.")
     _check_architecture(found)
     _check_gguf()
     model, tokenizer = _load(found, say)
@@ -87,7 +87,7 @@ def _check_out(path: Path, overwrite: bool, option: str) -> None:
         raise ExportError(f"{option}: {path} is a directory; give the file to write, e.g. {path / 'model.gguf'}.")
     if path.exists() and not overwrite:
         raise ExportError(f"{option}: {path} already exists; pass --overwrite to replace it, or choose another "
-                             "name. Nothing was written.")
+                          "name. Nothing was written.")
 
 
 def _check_gguf() -> None:
@@ -95,7 +95,7 @@ def _check_gguf() -> None:
         import gguf  # noqa: F401 - the writer, name maps and quantizers
     except ImportError:
         raise ExportError("--gguf: writing a GGUF file needs the `gguf` package, which is not installed here; run "
-                             "`pip install 'ft[gguf]'` (or `pip install gguf`). Nothing was written.") from None
+                          "`pip install 'ft[gguf]'` (or `pip install gguf`). Nothing was written.") from None
 
 
 def _make_parent(out: Path) -> None:
@@ -103,7 +103,7 @@ def _make_parent(out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"--gguf: cannot create the folder {out.parent}: {first_line(exc)}. Choose a writable "
-                             "path. Nothing was written.") from None
+                          "path. Nothing was written.") from None
 
 
 def _check_architecture(found: Found) -> None:
@@ -157,7 +157,7 @@ def _atomically(path: Path, write: Callable[[Path], object]):
         why = exc.strerror or ("the system took only part of the data (a full disk or a file size limit)"
                                if exc.errno is None else first_line(exc))
         raise ExportError(f"cannot write {path}: {why}. Nothing was written (the partial file was removed); free "
-                             "space or choose another path.") from None
+                          "space or choose another path.") from None
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

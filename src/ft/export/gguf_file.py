@@ -43,9 +43,9 @@ ARCHITECTURES = {
 
 def unsupported(model_type: str | None, where: str) -> ExportError:
     return ExportError(f"{where}: the model's architecture is {model_type!r}, which ft export does not write to "
-                          f"GGUF; it writes {', '.join(sorted(ARCHITECTURES))} (model_type in config.json). Nothing "
-                          "was written. For another architecture use llama.cpp's convert_hf_to_gguf.py on a merged "
-                          "model (ft merge).")
+                       f"GGUF; it writes {', '.join(sorted(ARCHITECTURES))} (model_type in config.json). Nothing "
+                       "was written. For another architecture use llama.cpp's convert_hf_to_gguf.py on a merged "
+                       "model (ft merge).")
 
 
 def architecture_of(model_type: str | None, where: str) -> Architecture:
@@ -173,7 +173,7 @@ def _plan(model, arch: Architecture, quant: str, where: str) -> list[Planned]:
     kind = rope_parameters(config).get("rope_type", "default")
     if kind not in ROPE_TYPES:
         raise ExportError(f"{where}: the model uses {kind!r} RoPE scaling (rope_parameters in config.json), which "
-                             f"ft export does not write; it writes {', '.join(ROPE_TYPES)}. Nothing was written.")
+                          f"ft export does not write; it writes {', '.join(ROPE_TYPES)}. Nothing was written.")
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch.gguf_arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     heads = config.num_attention_heads
@@ -187,7 +187,7 @@ def _plan(model, arch: Architecture, quant: str, where: str) -> list[Planned]:
         found = names.get_type_and_name(source_name, try_suffixes=(".weight", ".bias"))
         if found is None:
             raise ExportError(f"{where}: the model holds a tensor {source_name!r} that GGUF's {arch.gguf_arch} "
-                                 "architecture has no name for, so llama.cpp would not use it. Nothing was written.")
+                              "architecture has no name for, so llama.cpp would not use it. Nothing was written.")
         kind_of, name = found
         permute = None
         if arch.permute_qk and kind_of in (gguf.MODEL_TENSOR.ATTN_Q, gguf.MODEL_TENSOR.ATTN_K):
@@ -255,7 +255,7 @@ def _convert(item: Planned, where: str):
     converted = gguf.quants.quantize(array, item.qtype)
     if item.qtype == gguf.GGMLQuantizationType.F16 and not np.isfinite(converted).all() and np.isfinite(array).all():
         raise ExportError(f"{where}: {item.name} holds values beyond float16's range (±65504), so --quant f16 "
-                             "would write inf; export with --quant bf16 (same size, float32's range) or f32.")
+                          "would write inf; export with --quant bf16 (same size, float32's range) or f32.")
     return converted
 
 

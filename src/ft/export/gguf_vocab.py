@@ -32,8 +32,8 @@ def tokenizer_kind(tokenizer, where: str) -> str:
     if model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
         return "gpt2"
     raise ExportError(f"{where}: the tokenizer is a {model.get('type') or type(tokenizer).__name__} tokenizer; "
-                         "ft export writes byte-level BPE (Llama 3, Qwen2, SmolLM2) and SentencePiece-style BPE with "
-                         "byte fallback (Llama 2, Mistral) tokenizers. Nothing was written.")
+                      "ft export writes byte-level BPE (Llama 3, Qwen2, SmolLM2) and SentencePiece-style BPE with "
+                      "byte fallback (Llama 2, Mistral) tokenizers. Nothing was written.")
 
 
 def add_tokenizer(writer, tokenizer, vocab_size: int, folder: Path, where: str) -> str | None:
@@ -76,8 +76,8 @@ def _tokens(tokenizer, vocab_size: int, kind: str, where: str):
     vocab = tokenizer.get_vocab()
     if vocab and max(vocab.values()) >= vocab_size:
         raise ExportError(f"{where}: the tokenizer has ids up to {max(vocab.values())} but the model's vocabulary "
-                             f"(vocab_size) is {vocab_size}; the tokenizer does not belong to this model. Nothing "
-                             "was written.")
+                          f"(vocab_size) is {vocab_size}; the tokenizer does not belong to this model. Nothing "
+                          "was written.")
     by_id = {index: token for token, index in vocab.items()}
     added = tokenizer.added_tokens_decoder
     unknown = tokenizer.unk_token_id

@@ -64,14 +64,14 @@ def modelfile_text(tokenizer, gguf_name: str, where: str) -> str:
     """The Modelfile for ``gguf_name`` (a file beside it), or ExportError saying why the template cannot be one."""
     if not getattr(tokenizer, "chat_template", None):
         raise ExportError(f"--modelfile: the tokenizer of {where} has no chat template, so there is no TEMPLATE to "
-                             "write; export without --modelfile (Ollama then needs a TEMPLATE written by hand).")
+                          "write; export without --modelfile (Ollama then needs a TEMPLATE written by hand).")
     pieces = pieces_of(tokenizer)
     _check(tokenizer, pieces)
     template = pieces.go_template()
     stops = stop_tokens(tokenizer, pieces)
     if '"""' in template or "{{" in "".join(vars(pieces).values()) or any('"' in stop for stop in stops):
         raise ExportError("--modelfile: the chat template's text holds quotes or braces a Modelfile cannot carry "
-                             "verbatim; export without --modelfile and write the TEMPLATE by hand.")
+                          "verbatim; export without --modelfile and write the TEMPLATE by hand.")
     lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{template}"""', *(f'PARAMETER stop "{stop}"' for stop in stops)]
     return "\n".join(lines) + "\n"
 
@@ -143,5 +143,5 @@ def stop_tokens(tokenizer, pieces: Pieces) -> list[str]:
 
 def _refused(why: str) -> ExportError:
     return ExportError(f"--modelfile: the chat template cannot be written as an Ollama TEMPLATE: {why}. Export "
-                          "without --modelfile (the GGUF file carries the chat template itself, which llama.cpp and "
-                          "LM Studio use) and write the Modelfile's TEMPLATE by hand.")
+                       "without --modelfile (the GGUF file carries the chat template itself, which llama.cpp and "
+                       "LM Studio use) and write the Modelfile's TEMPLATE by hand.")

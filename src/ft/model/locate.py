@@ -56,7 +56,7 @@ def locate(path: Path, arg: str) -> Found:
     a run that stopped early has none, and then the user picks a checkpoint (ft does not guess which)."""
     if not path.exists():
         raise LocateError(f"{arg}: {str(path)!r} does not exist. Pass a run directory (train.output_dir), its "
-                             "final/ or a checkpoint-N/ folder, or a model directory.")
+                          "final/ or a checkpoint-N/ folder, or a model directory.")
     if (path / "adapter_config.json").is_file():
         return Found("adapter", path, _run_of(path))
     if (path / "config.json").is_file():
@@ -70,9 +70,9 @@ def locate(path: Path, arg: str) -> Found:
         pick = (f"pass its newest complete checkpoint, {saved[-1]}, instead" if saved else
                 "it saved no complete checkpoint either, so there is nothing to load; train it to the end first")
         raise LocateError(f"{arg}: the run in {path} has no final/ (it did not finish; summary.json says why): "
-                             f"{pick}.")
+                          f"{pick}.")
     raise LocateError(f"{arg}: {path} holds neither a model (config.json), a LoRA adapter (adapter_config.json) "
-                         "nor a run (recipe.yaml and final/). Pass a run directory, its final/ or a model directory.")
+                      "nor a run (recipe.yaml and final/). Pass a run directory, its final/ or a model directory.")
 
 
 def _run_of(folder: Path) -> Path | None:
@@ -111,8 +111,8 @@ def find_base(found: Found, arg: str) -> Base:
                     _training_dtype(model.dtype, model.quantization and model.quantization.compute_dtype))
     if recorded.get("gguf_file"):
         raise LocateError(f"{arg}: the adapter's base is a GGUF file ({recorded['gguf_file']} in "
-                             f"{recorded.get('name')}), which ft rebuilds from the run's recipe.yaml, and none sits "
-                             "next to the adapter; pass the run directory (train.output_dir, with its recipe.yaml).")
+                          f"{recorded.get('name')}), which ft rebuilds from the run's recipe.yaml, and none sits "
+                          "next to the adapter; pass the run directory (train.output_dir, with its recipe.yaml).")
     if recorded.get("name"):
         quantization = recorded.get("quantization") or {}
         return Base(recorded["name"], recorded.get("revision"), recorded.get("init") or "pretrained", None,
@@ -122,8 +122,8 @@ def find_base(found: Found, arg: str) -> Base:
     name = adapter.get("base_model_name_or_path")
     if not name:
         raise LocateError(f"{arg}: {found.path / 'adapter_config.json'} names no base model "
-                             "(base_model_name_or_path) and no run recipe.yaml sits next to it; pass the run "
-                             "directory the adapter came from.")
+                          "(base_model_name_or_path) and no run recipe.yaml sits next to it; pass the run "
+                          "directory the adapter came from.")
     return Base(name, adapter.get("revision"), "pretrained", None, None, str(found.path / "adapter_config.json"))
 
 
@@ -152,8 +152,8 @@ def _run_recipe(run_dir: Path, arg: str):
         return load_recipe(run_dir / "recipe.yaml").recipe
     except RecipeError as exc:
         raise LocateError(f"{arg}: the run's {run_dir / 'recipe.yaml'} no longer validates, so the adapter's base "
-                             f"cannot be rebuilt from it: {str(exc).splitlines()[-1].strip()}. Fix that file (it is "
-                             "the run's resolved recipe, as ft train wrote it).") from None
+                          f"cannot be rebuilt from it: {str(exc).splitlines()[-1].strip()}. Fix that file (it is "
+                          "the run's resolved recipe, as ft train wrote it).") from None
 
 
 def _read_json(path: Path, arg: str) -> dict:
@@ -161,7 +161,7 @@ def _read_json(path: Path, arg: str) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise LocateError(f"{arg}: {path} is not readable JSON ({first_line(exc)}); the folder is damaged or "
-                             "was not written by PEFT.") from None
+                          "was not written by PEFT.") from None
 
 
 def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
@@ -186,10 +186,10 @@ def load_base(base: Base, dtype: str, arg: str, say: Callable[[str], None]):
 def _rebuild_random(base: Base, arg: str, say: Callable[[str], None]):
     if base.recipe is None:
         raise LocateError(f"{arg}: the adapter's base {base.name!r} was built with random weights "
-                             f"(model.init: random, per {base.source}), which are not on disk; ft rebuilds them only "
-                             "from the run's recipe.yaml (its model section and seed), and none sits next to the "
-                             "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
-                             "its recipe.yaml) instead.")
+                          f"(model.init: random, per {base.source}), which are not on disk; ft rebuilds them only "
+                          "from the run's recipe.yaml (its model section and seed), and none sits next to the "
+                          "adapter, so the base cannot be rebuilt. Pass the run directory (train.output_dir, with "
+                          "its recipe.yaml) instead.")
     say(f"ft: base {base.name} rebuilt from random init with seed {base.seed} (from {base.source})")
     section = base.recipe.model.model_copy(update={"quantization": None})  # trained on it quantized: see above
     try:
@@ -213,13 +213,13 @@ def _check_weights(base: Base, arg: str) -> None:
         started_from_run = base.recipe is not None and named_run(base.recipe.model) is not None
     except ModelLoadError as exc:  # the run it started from is gone or unfinished (no final/)
         raise LocateError(f"{arg}: the adapter's base (from {base.source}) is a run that cannot be loaded: "
-                             f"{str(exc).removeprefix('model.name: ')}") from None
+                          f"{str(exc).removeprefix('model.name: ')}") from None
     if started_from_run:
         return  # a run: its adapter and base are checked as they load (load_start)
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise LocateError(f"{arg}: the adapter's base {base.name} (from {base.source}) holds a config but no "
-                             "weights: the run built it with model.init: random, and only the run directory records "
-                             "the seed that rebuilds it. Pass the run directory (with its recipe.yaml) instead.")
+                          "weights: the run built it with model.init: random, and only the run directory records "
+                          "the seed that rebuilds it. Pass the run directory (with its recipe.yaml) instead.")
 
 
 def _from_pretrained(base: Base, dtype: str, arg: str):
@@ -256,7 +256,7 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
         return PeftModel.from_pretrained(model, str(found.path)).eval(), tokenizer
     except (OSError, ValueError, RuntimeError) as exc:
         raise LocateError(f"{arg}: the adapter in {found.path} does not fit its base {base.name!r}: "
-                             f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
+                          f"{first_line(exc)}. Pass the run directory the adapter was trained in.") from None
 
 
 def load_as_trained(found: Found, tokenizer, arg: str):
@@ -385,8 +385,8 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     found = locate(path, "MODEL_OR_RUN_DIR")
     if scoring_model(found):
         raise LocateError(f"MODEL_OR_RUN_DIR: {found.path} is a reward model (it scores a text with one number) "
-                             "and writes no text; load it with AutoModelForSequenceClassification to score, or "
-                             "generate with the policy model it scores.")
+                          "and writes no text; load it with AutoModelForSequenceClassification to score, or "
+                          "generate with the policy model it scores.")
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, dtype, "MODEL_OR_RUN_DIR", say)
     else:
@@ -407,7 +407,7 @@ def load_full(folder: Path, dtype: str, arg: str = "MODEL_OR_RUN_DIR"):
         return AutoModelForCausalLM.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
         raise LocateError(f"{arg}: could not load the model in {folder}: {first_line(exc)}. It needs "
-                             "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
+                          "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
 
 
 def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Base | None = None):
@@ -423,7 +423,7 @@ def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Bas
         tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
     except (OSError, ValueError) as exc:
         raise LocateError(f"{arg}: could not load the tokenizer from {folder}: {first_line(exc)}. Save the "
-                             "tokenizer next to the weights (ft train does).") from None
+                          "tokenizer next to the weights (ft train does).") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
