@@ -21,7 +21,7 @@ from ..model.locate import (
     find_base,
     load_adapter_model,
     load_full,
-    load_tokenizer,
+    load_processing_class,
     locate,
     scoring_model,
     start_config,
@@ -141,7 +141,7 @@ def _load(found: Found, say: Callable[[str], None]):
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, None, ARG, say)
         return model.merge_and_unload(safe_merge=True), tokenizer
-    return load_full(found.path, "auto", ARG).eval(), load_tokenizer(found, ARG, say)
+    return load_full(found.path, "auto", ARG).eval(), load_processing_class(found, ARG, say)
 
 
 def _atomically(path: Path, write: Callable[[Path], object]):

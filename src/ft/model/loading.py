@@ -1,4 +1,10 @@
-"""Tokenizer and model loading: a hub id or a local directory, pretrained weights or random init, or a GGUF file.
+"""Model and processing-class loading: a hub id or a local directory, pretrained weights or random init, or a GGUF
+file.
+
+A model has a modality (``modality_of``: text, or images and text), read from its config through transformers' own
+auto tables; with the method it decides the model's auto class (``ft.recipe.methods.MODEL_CLASSES``) and what
+prepares its inputs, the ``processing_class`` (TRL's name): a tokenizer for a text model, a processor for a
+vision-language one (``load_processing_class``).
 
 ``init: random`` builds the model from the same ``config.json`` that ``init: pretrained`` would load
 weights for, so both go through one code path (the quickstart uses it to run with no hub access).
@@ -63,12 +69,74 @@ def load_tokenizer(section: ModelSection, say=None):
         if not section.gguf_file:
             raise
         raise ModelLoadError(f"model.gguf_file: {GGUF_MISSING}") from None
+    _pad_with_eos(tokenizer, say)
+    return tokenizer
+
+
+def _pad_with_eos(tokenizer, say) -> None:
+    """A tokenizer without a pad token pads with its end-of-sequence token (said through ``say``)."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         if say is not None:
             say(f"tokenizer: it has no pad token; padding with its end-of-sequence token {tokenizer.eos_token!r} "
                 f"(id {tokenizer.eos_token_id}), which padded positions never train on")
-    return tokenizer
+
+
+def load_processor(section: ModelSection, say=None):
+    """The processor of a vision-language model (``AutoProcessor``: its tokenizer and image processor); a tokenizer
+    without a pad token pads with its end-of-sequence token, as ``load_tokenizer`` says."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(section.name, **_common_kwargs(section))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(_explain(section, "processor", exc)) from None
+    _pad_with_eos(text_tokenizer(processor), say)
+    return processor
+
+
+# the loader of each modality's processing class (``ft.recipe.methods.MODALITIES``)
+PROCESSING_CLASSES = {"text": load_tokenizer, "vision": load_processor}
+
+
+def load_processing_class(section: ModelSection, say=None, modality: str | None = None):
+    """What prepares the model's inputs, TRL's ``processing_class``: the tokenizer of a text model, the processor of a
+    vision-language one (``modality``: the model's, read from its config when not given). It is carried as one object
+    from loading to the data, the trainer, ``final/``, generate, merge and export; code that needs the text tokenizer
+    itself asks ``text_tokenizer``."""
+    return PROCESSING_CLASSES[modality or model_modality(section)](section, say)
+
+
+def text_tokenizer(processing_class):
+    """The tokenizer inside a processing class: a processor's ``tokenizer``, or the tokenizer itself."""
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+def modality_of(config) -> str:
+    """What the model of ``config`` reads, by transformers' own auto tables: ``text`` for a model transformers loads as
+    a causal LM (multimodal families that have a text-only class, Llama 4 and Gemma 3, included), ``vision`` for an
+    image-text-to-text model with no causal LM class (Qwen2-VL, Idefics3/SmolVLM, LLaVA, PaliGemma)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    kind = getattr(config, "model_type", None)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return "vision"
+    return "text"
+
+
+def model_modality(section: ModelSection) -> str:
+    """The modality of the model ``section`` names, from its config. A GGUF file holds a text decoder (transformers
+    reads no other from GGUF), and is not parsed for it; a config that cannot be read is taken as text, and the load
+    that follows says what is missing."""
+    if section.gguf_file:
+        return "text"
+    try:
+        return modality_of(load_config(section))
+    except (OSError, ValueError, ImportError):
+        return "text"
 
 
 TOKEN_KEYS = ("pad_token", "eos_token")  # train.* keys that name a token of the tokenizer (TRL's SFT, DPO, reward)
@@ -103,12 +171,22 @@ def _weights_kwargs(section: ModelSection, fsdp: bool = False) -> dict:
     return kwargs
 
 
-def model_class(recipe: Recipe):
-    """The transformers auto class of the model the recipe's method trains (``Method.model_class``): a causal LM, or
-    for a reward model a sequence classifier with one score."""
+def model_class(recipe: Recipe, modality: str = "text"):
+    """The transformers auto class of the model the recipe's method trains, for a model of ``modality``
+    (``Method.model_class``: the method table's (method × modality) entry): a causal LM, a reward model's sequence
+    classifier with one score, an image-text-to-text model. A modality the method does not train is refused here,
+    before any weights load."""
     import transformers
 
-    return getattr(transformers, METHODS[recipe.method].model_class)
+    method = METHODS[recipe.method]
+    name = method.model_class(modality)
+    if name is None:
+        raise ModelLoadError(
+            f"model.name: {recipe.model.name!r} is a {modality} model (transformers has no text-only class for it), "
+            f"and ft trains {' or '.join(method.modalities)} models with method {recipe.method}; name a text model "
+            "(or the language model of this family), or see docs/architecture.md for the state of vision-language "
+            "training.")
+    return getattr(transformers, name)
 
 
 def _seed_new_head(recipe: Recipe, seed: int) -> None:
@@ -131,7 +209,8 @@ def load_model(recipe: Recipe, seed: int):
     import torch
     from transformers import AutoConfig, set_seed
 
-    section, auto = recipe.model, model_class(recipe)
+    section = recipe.model
+    auto = model_class(recipe, model_modality(section))
     kwargs = {**_weights_kwargs(section, fsdp=uses_fsdp(recipe)), **_head_kwargs(recipe)}
     try:
         if section.init == "pretrained" and section.gguf_file:
@@ -170,7 +249,7 @@ def load_weights(recipe: Recipe, seed: int, config, state_dict: dict):
     concrete class is taken from one built on the meta device (no memory, no weights drawn)."""
     import torch
 
-    section, auto = recipe.model, model_class(recipe)
+    section, auto = recipe.model, model_class(recipe, modality_of(config))
     config = copy.deepcopy(config)
     for key, value in _head_kwargs(recipe).items():
         setattr(config, key, value)

@@ -1,7 +1,8 @@
 """What a run left, found and loaded: its model or adapter (``locate``), the base an adapter was trained on
-(``find_base``, ``load_base``), and a model with its tokenizer ready to generate (``load_for_generation``), for
-``ft merge`` and ``ft generate``; and the model, tokenizer and config of a recipe whose ``model.name`` is a run
-(``load_start``, ``start_tokenizer``, ``start_config``), for ``ft train``, ``ft preprocess`` and ``ft plan``.
+(``find_base``, ``load_base``), and a model with its processing class (tokenizer or processor) ready to generate
+(``load_for_generation``), for ``ft merge`` and ``ft generate``; and the model, processing class and config of a
+recipe whose ``model.name`` is a run (``load_start``, ``start_processing_class``, ``start_config``), for ``ft train``,
+``ft preprocess`` and ``ft plan``.
 
 A run leaves ``final/`` (or ``checkpoint-N/``) holding either a full model or a PEFT adapter, next to the resolved
 ``recipe.yaml`` and ``summary.json``. An adapter is useless without the exact base it was trained on, so the base is
@@ -30,7 +31,7 @@ from pathlib import Path
 from ..errors import FtError
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
-from .loading import ModelLoadError, load_config, load_model, load_weights, names_a_path
+from .loading import ModelLoadError, load_config, load_model, load_weights, names_a_path, text_tokenizer
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -249,7 +250,7 @@ def load_adapter_model(found: Found, dtype: str | None, arg: str, say: Callable[
     from peft import PeftModel
 
     base = find_base(found, arg)
-    tokenizer = load_tokenizer(found, arg, say, base)
+    tokenizer = load_processing_class(found, arg, say, base)
     model = load_base(base, dtype or base.dtype, arg, say)
     fit_embeddings(model, tokenizer)  # as training resized it; the adapter holds the new rows' values
     try:
@@ -333,10 +334,10 @@ def load_start(recipe, seed: int, say: Callable[[str], None] = lambda _: None):
     return load_weights(recipe, seed, folded.config, folded.state_dict())
 
 
-def start_tokenizer(section, say: Callable[[str], None] | None = None):
-    """The tokenizer of the model ``section`` names: for a run, the one saved with its model or adapter (with the chat
-    template it trained with), else its base's."""
-    from .loading import load_tokenizer as load_named
+def start_processing_class(section, say: Callable[[str], None] | None = None):
+    """The processing class (tokenizer or processor) of the model ``section`` names: for a run, the one saved with its
+    model or adapter (with the chat template it trained with), else its base's."""
+    from .loading import load_processing_class as load_named
 
     found = named_run(section)
     if found is None or found.kind == "full":
@@ -344,7 +345,7 @@ def start_tokenizer(section, say: Callable[[str], None] | None = None):
     try:
         has_own = (found.path / "tokenizer_config.json").is_file()
         base = None if has_own else find_base(found, "model.name")  # the run's recipe, read only when needed
-        return load_tokenizer(found, "model.name", say or (lambda _: None), base)
+        return load_processing_class(found, "model.name", say or (lambda _: None), base)
     except LocateError as exc:
         raise ModelLoadError(str(exc)) from None
 
@@ -390,7 +391,7 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     if found.kind == "adapter":
         model, tokenizer = load_adapter_model(found, dtype, "MODEL_OR_RUN_DIR", say)
     else:
-        model, tokenizer = load_full(found.path, dtype or "auto"), load_tokenizer(found, "MODEL_OR_RUN_DIR", say)
+        model, tokenizer = load_full(found.path, dtype or "auto"), load_processing_class(found, "MODEL_OR_RUN_DIR", say)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -410,20 +411,26 @@ def load_full(folder: Path, dtype: str, arg: str = "MODEL_OR_RUN_DIR"):
                           "config.json and weights (model.safetensors) as save_pretrained writes them.") from None
 
 
-def load_tokenizer(found: Found, arg: str, say: Callable[[str], None], base: Base | None = None):
-    """The tokenizer saved with the model or adapter (it carries the chat template the run trained with); an
-    adapter folder without one falls back to its base's."""
-    from transformers import AutoTokenizer
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # a processor, not a bare tokenizer, saved
+
+
+def load_processing_class(found: Found, arg: str, say: Callable[[str], None], base: Base | None = None):
+    """The processing class saved with the model or adapter (it carries the chat template the run trained with): the
+    processor of a vision-language model (its folder holds a processor's config), else the tokenizer; an adapter
+    folder without one falls back to its base's."""
+    from transformers import AutoProcessor, AutoTokenizer
 
     folder, revision = found.path, None
     if base is not None and not (folder / "tokenizer_config.json").is_file():
         say(f"ft: no tokenizer in {folder}; using the base's, {base.name}")
         folder, revision = base.name, base.revision
+    auto = AutoProcessor if any((Path(folder) / name).is_file() for name in PROCESSOR_FILES) else AutoTokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, revision=revision)
+        processing_class = auto.from_pretrained(folder, revision=revision)
     except (OSError, ValueError) as exc:
         raise LocateError(f"{arg}: could not load the tokenizer from {folder}: {first_line(exc)}. Save the "
                           "tokenizer next to the weights (ft train does).") from None
+    tokenizer = text_tokenizer(processing_class)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return processing_class

@@ -237,6 +237,20 @@ class Headline:
 ONLY_SOME = ("data.packing", "train.neftune_noise_alpha", "loss", "metrics")
 
 
+# What a model reads (``ft.model.loading.modality_of`` decides from its config, through transformers' own auto tables):
+# text alone, or images and text. Each modality has its own auto class and its own processing class (a tokenizer, or
+# a processor that holds one).
+MODALITIES = ("text", "vision")
+# (what a method's model gives, what it reads) -> the transformers auto class it loads as. The method table says which
+# modalities each method trains (``Method.modalities``); this table says what class such a model is.
+MODEL_CLASSES: dict[tuple[str, str], str] = {
+    ("writes", "text"): "AutoModelForCausalLM",
+    ("writes", "vision"): "AutoModelForImageTextToText",
+    ("scores", "text"): "AutoModelForSequenceClassification",
+}
+PEFT_TASKS = {"writes": "CAUSAL_LM", "scores": "SEQ_CLS"}  # PEFT's task type, by what the model gives
+
+
 @dataclass(frozen=True)
 class Method:
     """Everything ft knows about one training method; its trainer is built by ``ft.trainers.<name>``."""
@@ -253,15 +267,22 @@ class Method:
     fused_lm_head: bool = False  # on an accelerator TRL scores the LM head in tiles, never the full logits
     axolotl: tuple[str, ...] = ()  # Axolotl's ``rl:`` values that train this method
     scores: bool = False  # trains a model that scores a sequence (one number: a reward model) instead of writing text
+    modalities: tuple[str, ...] = ("text",)  # the modalities (``MODALITIES``) of the models it trains
 
     @property
-    def model_class(self) -> str:
-        """The transformers auto class of the model it trains (``model.loading``), and PEFT's task type for it."""
-        return "AutoModelForSequenceClassification" if self.scores else "AutoModelForCausalLM"
+    def output(self) -> str:
+        """What its model gives: ``scores`` (one number per sequence) or ``writes`` (the next token)."""
+        return "scores" if self.scores else "writes"
+
+    def model_class(self, modality: str = "text") -> str | None:
+        """The transformers auto class it trains a model of ``modality`` as (``MODEL_CLASSES``); None: it does not
+        train such models (``modalities``), and ``ft.model.loading`` refuses the model naming why."""
+        return MODEL_CLASSES.get((self.output, modality)) if modality in self.modalities else None
 
     @property
     def peft_task(self) -> str:
-        return "SEQ_CLS" if self.scores else "CAUSAL_LM"
+        """PEFT's task type for the adapter of its model."""
+        return PEFT_TASKS[self.output]
 
 
 _ACCURACY = Headline("reward_accuracy", "rewards/accuracies", "acc")

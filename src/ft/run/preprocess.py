@@ -19,5 +19,5 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     problems = loading.gguf_problems(recipe.model)
     if problems:
         raise loaded.error(problems)
-    tokenizer = locate.start_tokenizer(recipe.model)
+    tokenizer = locate.start_processing_class(recipe.model)
     return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)

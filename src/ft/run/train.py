@@ -212,7 +212,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
-    tokenizer = locate.start_tokenizer(recipe.model, say)  # model.name may be a run: ft.model.locate
+    tokenizer = locate.start_processing_class(recipe.model, say)  # model.name may be a run: ft.model.locate
     problems = loading.token_problems(recipe, tokenizer)
     if problems:  # located by train(): file and line
         raise RecipeError(problems)
