@@ -130,3 +130,51 @@ def test_the_objects_alive_at_exit_are_frozen_so_shutdown_does_not_collect_them(
     for args in (["schema"], ["validate", "no-such-recipe.yaml"]):
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
         assert int(done.stdout.strip().splitlines()[-1]) > 1000, (args, done.stderr[-2000:])
+
+
+def test_the_cli_catches_ft_error_alone_and_imports_no_other_error_class():
+    """Every failure ft explains reaches the CLI as an FtError; the commands map it, and nothing else by name."""
+    import ast
+
+    tree = ast.parse((ROOT / "src" / "ft" / "cli.py").read_text())
+    caught = [ast.unparse(node.type) for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)]
+    assert caught.count("FtError") == 1
+    assert set(caught) <= {"FtError", "Exception", "KeyboardInterrupt", "SystemExit", "OSError"}, caught
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert {name for name in imported if name.endswith(("Error", "Failed", "Full", "OutOfMemory"))} == {"FtError"}
+
+
+def test_each_failure_keeps_its_exit_code_and_the_words_before_its_message():
+    """What `ft` prints for each error class (``render``) and the status it exits with, as before they shared a root:
+    a recipe's problem list starts with its file, a run that started and then failed on the disk or the Hub exits 1."""
+    from ft.data.rows import DataError
+    from ft.data.stream import StreamFailed
+    from ft.errors import FtError
+    from ft.importers.axolotl import ConfigError
+    from ft.model.loading import ModelLoadError
+    from ft.outputs.checkpoints import ResumeError
+    from ft.outputs.disk import DiskFull
+    from ft.outputs.hub_push import PushFailed
+    from ft.outputs.report import ReportError
+    from ft.plan.shape import PlanError
+    from ft.recipe import Problem, RecipeError
+    from ft.recipe.yaml_io import YamlSyntaxError
+    from ft.run.drift import DriftError
+    from ft.trainers.plugins import PluginError
+    from ft.trainers.preflight import PreflightOutOfMemory
+
+    said = {cls: (cls("why").render(), cls("why").exit_code) for cls in (
+        DataError, StreamFailed, ModelLoadError, ResumeError, DriftError, PreflightOutOfMemory, PlanError,
+        YamlSyntaxError)}
+    assert said == dict.fromkeys(said, ("ft: why", 2))
+    assert (DiskFull("why").render(), DiskFull("why").exit_code) == ("ft: why", 1)
+    assert (PushFailed("why", {}).render(), PushFailed("why", {}).exit_code) == ("ft: why", 1)
+    assert (ReportError("why").render(), ReportError("why").exit_code) == ("ft report: why", 2)
+    assert (ConfigError("why").render(), ConfigError("why").exit_code) == ("ft import axolotl: why", 2)
+    plugin = PluginError(Problem("loss", "no module `x`"))
+    assert plugin.render() == "ft: loss: no module `x`" and plugin.problem.path == "loss"
+    recipe = RecipeError([Problem("train.max_steps", "must be positive", "r.yaml:3")], "r.yaml")
+    assert recipe.render() == str(recipe) == ("r.yaml: 1 problem in the recipe:\n"
+                                              "  - r.yaml:3: train.max_steps: must be positive")
+    assert recipe.exit_code == 2 and isinstance(recipe, FtError)
+    assert FtError("why", exit_code=1).exit_code == 1 and FtError("why").exit_code == 2

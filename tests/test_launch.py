@@ -177,7 +177,7 @@ def test_other_processes_wait_for_the_main_ones_prepared_data_without_a_timeout(
 
 def test_a_rank_ignores_launch_flags(monkeypatch):
     """Inside a rank (WORLD_SIZE set by the launcher) ft trains as that rank and never launches again."""
-    from ft import cli
+    from ft.run import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert not cli._several_processes_wanted(None, {"num_processes": 2, "nnodes": None})
+    assert not launch.several_processes_wanted(None, {"num_processes": 2, "nnodes": None})

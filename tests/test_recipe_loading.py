@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
-from conftest import ASSETS, DATA, run_ft, tiny_sft
+from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
 
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.redact import REDACTED
@@ -54,6 +56,96 @@ def test_errors_in_a_base_file_point_at_the_base(tmp_path):
     (problem,) = info.value.problems
     assert problem.path == "train.warmup_ratio" and "scheduler.warmup_steps" in problem.message
     assert problem.where.startswith(str(tmp_path / "base.yaml") + ":")
+
+
+# --- extends: every relative path is relative to the file that wrote it ---------------------------------------------
+
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+
+
+def test_a_recipe_in_another_folder_extends_a_shipped_one(tmp_path, monkeypatch):
+    """The quickstart's `../assets/tiny-llama` and `../data/arithmetic/...` are relative to recipes/, not to the folder
+    of a recipe that extends it (nor to the working directory); its output path stays relative to where ft runs."""
+    monkeypatch.chdir(tmp_path)
+    child = tmp_path / "mine.yaml"
+    child.write_text(f"extends: {QUICKSTART}\ntrain: {{max_steps: 2}}\n")
+    recipe = load_recipe(child).recipe
+    assert recipe.model.name == str(ASSETS)
+    assert [source.path for source in recipe.data.train] == [str(DATA / "train.jsonl")]
+    assert [source.path for source in recipe.data.eval] == [str(DATA / "eval.jsonl")]
+    assert recipe.data.eval_exact_match.source.path == str(DATA / "prompts-eval.jsonl")
+    assert recipe.train_args["output_dir"] == "runs/quickstart" and recipe.train_args["max_steps"] == 2
+    saved = yaml.safe_load(resolved_recipe_yaml(recipe))  # recipe.yaml as ft train writes it
+    assert saved["model"]["name"] == str(ASSETS) and saved["data"]["train"][0]["path"] == str(DATA / "train.jsonl")
+    done = run_ft("validate", str(child), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["model"]["name"] == str(ASSETS)
+
+
+def test_each_path_is_relative_to_the_file_that_wrote_it(tmp_path, monkeypatch):
+    """A chain over three folders that each hold a rows.jsonl: a key a base wrote names the file next to that base; a
+    key the recipe itself writes, and a --set value, the file next to the recipe (else in the working directory)."""
+    tmp_path = tmp_path.resolve()
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "rows.jsonl").write_text((DATA / "train.jsonl").read_text())
+    root = tiny_sft(tmp_path / "out")
+    root["data"]["train"] = [{"path": "rows.jsonl", "format": "chat"}]
+    (tmp_path / "a" / "root.yaml").write_text(yaml.safe_dump(root))
+    (tmp_path / "b" / "mid.yaml").write_text("extends: ../a/root.yaml\n"
+                                             "data: {eval: [{path: rows.jsonl, format: chat}]}\n")
+    child = tmp_path / "c" / "child.yaml"
+    child.write_text("extends: ../b/mid.yaml\ntrain: {max_steps: 2}\n")
+    monkeypatch.chdir(tmp_path)
+
+    loaded = load_recipe(child)
+    assert loaded.recipe.data.train[0].path == str(tmp_path / "a" / "rows.jsonl")
+    assert loaded.recipe.data.eval[0].path == str(tmp_path / "b" / "rows.jsonl")
+    assert loaded.folders == [tmp_path / "c", tmp_path / "b", tmp_path / "a"]  # where modules it names are looked up
+
+    recipe = load_recipe(child, ["data.eval.0.path=rows.jsonl"]).recipe  # --set: next to the recipe, as before
+    assert recipe.data.eval[0].path == str(tmp_path / "c" / "rows.jsonl")
+    recipe = load_recipe(child, ["data.eval.0.path=a/rows.jsonl"]).recipe  # else in the working directory
+    assert recipe.data.eval[0].path == str(tmp_path / "a" / "rows.jsonl")
+
+    child.write_text("extends: ../b/mid.yaml\ndata: {train: [{path: rows.jsonl, format: chat}]}\n")
+    overridden = load_recipe(child).recipe  # the recipe's own key: next to it
+    assert overridden.data.train[0].path == str(tmp_path / "c" / "rows.jsonl")
+    assert overridden.data.eval[0].path == str(tmp_path / "b" / "rows.jsonl")
+
+
+@pytest.mark.slow
+def test_a_recipe_in_another_folder_that_extends_the_quickstart_trains(tmp_path):
+    """`ft train` on a recipe outside recipes/ that extends the quickstart: its model and data come from the
+    repository, its output goes under the working directory."""
+    child = tmp_path / "mine.yaml"
+    child.write_text(f"extends: {QUICKSTART}\ndata: {{eval_exact_match: null}}\n"
+                     "train: {max_steps: 2, eval_on_start: false, eval_strategy: 'no', save_strategy: 'no', "
+                     "output_dir: out}\n")
+    done = run_ft("train", str(child), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())
+    assert saved["model"]["name"] == str(ASSETS) and saved["data"]["eval"][0]["path"] == str(DATA / "eval.jsonl")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.slow
+def test_a_module_a_base_recipe_names_is_found_next_to_it(tmp_path):
+    """A callback module next to a base recipe, extended from a recipe in another folder: ft train imports it."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "marker.py").write_text(
+        "from pathlib import Path\n\nfrom transformers import TrainerCallback\n\n\n"
+        "class Marker(TrainerCallback):\n"
+        "    def on_train_begin(self, args, state, control, **kwargs):\n"
+        "        (Path(args.output_dir) / 'marked').write_text('base')\n")
+    base = tiny_sft(tmp_path / "out", max_steps=1)
+    base["callbacks"] = [{"cls": "marker:Marker"}]
+    (tmp_path / "base" / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "child").mkdir()
+    (tmp_path / "child" / "child.yaml").write_text("extends: ../base/base.yaml\n")
+    done = run_ft("train", str(tmp_path / "child" / "child.yaml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "marked").read_text() == "base"
 
 
 def test_set_overrides_nested_keys_list_items_and_parses_yaml_scalars(write_recipe, tmp_path):

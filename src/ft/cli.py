@@ -31,14 +31,11 @@ def _err(message: str) -> None:
 
 
 def _load(recipe: Path, overrides: list[str] | None, num_processes: int | str | None = None):
-    """The validated recipe, checked with the process count this command knows (``_processes``)."""
-    from .recipe import RecipeError, load_recipe
+    """The validated recipe, checked with the process count this command knows (``run.launch.known_processes``)."""
+    from .recipe import load_recipe
+    from .run.launch import known_processes
 
-    try:
-        loaded = load_recipe(recipe, overrides or [], processes=_processes(num_processes))
-    except RecipeError as exc:
-        _err(str(exc))
-        raise typer.Exit(EXIT_INVALID) from None
+    loaded = _guarded(lambda: load_recipe(recipe, overrides or [], processes=known_processes(num_processes)))
     for warning in loaded.warnings:
         _err("warning: " + warning.render())
     return loaded
@@ -86,18 +83,22 @@ def train(
                                                       "--master-addr/--master-port.", show_default=False)] = None,
 ) -> None:
     """Validate the recipe, then train. Writes recipe.yaml, checkpoints, final/ and summary.json."""
-    flags = {"num_processes": _process_count(num_processes), "nnodes": nnodes, "node_rank": node_rank,
-             "master_addr": master_addr, "master_port": master_port, "rdzv_endpoint": rdzv_endpoint}
-    _watch_parent()
+    from .run import launch
+
+    flags = {"num_processes": _guarded(lambda: launch.num_processes_flag(num_processes)), "nnodes": nnodes,
+             "node_rank": node_rank, "master_addr": master_addr, "master_port": master_port,
+             "rdzv_endpoint": rdzv_endpoint}
+    launch.watch_parent()
     loaded = _load(recipe, set_, flags["num_processes"])
     from .run.notices import install as hide_notices_not_for_the_user
 
     hide_notices_not_for_the_user(loaded.recipe.train_args)  # not with FT_DEBUG=1 or train.log_level (notices.py)
     from .run.train import train as run_train
 
-    command = _resume_command()
-    if not smoke and _several_processes_wanted(loaded, flags):
-        code = _launch(loaded, flags, command)
+    command = launch.command_that_resumes(sys.argv)
+    if not smoke and launch.several_processes_wanted(loaded, flags):
+        code = _guarded(lambda: launch.start_ranks(loaded, flags, sys.argv[1:], command, say=_err),
+                        "launching the processes", _run_dir(loaded))
         if code is not None:
             raise typer.Exit(code)
     if smoke:
@@ -106,111 +107,49 @@ def train(
         if resume != "auto":
             _err("ft: --smoke always starts afresh in its own directory (<output_dir>-smoke); drop --resume.")
             raise typer.Exit(EXIT_INVALID)
-        result = _guarded(lambda: rehearse.train(loaded, say=_err, command=command), rehearse.redirected(loaded),
-                          "the smoke test")
+        result = _guarded(lambda: rehearse.train(loaded, say=_err, command=command), "the smoke test",
+                          _run_dir(rehearse.redirected(loaded)))
         raise typer.Exit(result.exit_code)
     result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
-                      loaded, "training")
+                      "training", _run_dir(loaded))
     raise typer.Exit(result.exit_code)
 
 
-def _processes(num_processes: int | str | None):
-    """The process count the rules that involve processes see: inside a rank, the run's (WORLD_SIZE, set by torchrun,
-    accelerate or ft); else ``--num-processes`` (``auto``: the visible GPUs); else None (the recipe's ``launch:``)."""
-    from .recipe import Processes
-    from .run.ranks import launched_world_size
-
-    size = launched_world_size()
-    if size is not None:
-        return Processes(size, f"WORLD_SIZE={size}")
-    if num_processes is None:
-        return None
-    count = max(_visible_gpus(), 1) if num_processes == "auto" else int(num_processes)
-    return Processes(count, f"--num-processes {count}")
-
-
-def _process_count(value: str | None) -> int | str | None:
-    if value is None or value == "auto":
-        return value
-    if not value.isdigit() or int(value) < 1:
-        _err(f"ft: --num-processes {value!r}: give a number of processes (1 or more) or auto (the visible GPUs).")
-        raise typer.Exit(EXIT_INVALID)
-    return int(value)
-
-
-def _watch_parent() -> None:
-    from .run.launch import watch_parent
-
-    watch_parent()
-
-
-def _several_processes_wanted(loaded, flags: dict) -> bool:
-    """True when this command must start the ranks itself (not when it already is one of them)."""
-    from .run.ranks import launched_world_size
-
-    if launched_world_size() is not None:  # started by torchrun / accelerate / ft: one rank of the run
-        return False
-    return any(value is not None for value in flags.values()) or getattr(loaded.recipe, "launch", None) is not None
-
-
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def _launch(loaded, flags: dict, command: str) -> int | None:
-    """Start the ranks and return ft's exit code; None when the launch comes to one process (train here)."""
-    from .run import launch
-
-    def start() -> int | None:
-        chosen = launch.resolve(loaded, flags, _visible_gpus)
-        return launch.run(loaded, chosen, sys.argv[1:], command, say=_err) if chosen.needed else None
-
-    return _guarded(start, loaded, "launching the processes")
-
-
-def _resume_command() -> str:
-    """This command line, as the one that resumes the run; under torchrun, the launcher's (this process's parent);
-    in a rank ``ft train --num-processes`` started, ft's."""
-    import os
-
-    from .outputs.checkpoints import resume_command
-    from .run.launch import RESUME_COMMAND_ENV
-
-    if os.environ.get(RESUME_COMMAND_ENV):
-        return os.environ[RESUME_COMMAND_ENV]
-    launched = "TORCHELASTIC_RUN_ID" in os.environ
-    return resume_command(sys.argv, Path(f"/proc/{os.getppid()}/cmdline") if launched else None)
-
-
-def _guarded(step, loaded, doing: str):
-    """Run a command's work, turning every failure into one paragraph and an exit code."""
-    from .data import DataError
-    from .model.loading import ModelLoadError
-    from .outputs.checkpoints import ResumeError
-    from .outputs.disk import DiskFull
-    from .outputs.hub_push import PushFailed
-    from .recipe import RecipeError
-    from .trainers.preflight import PreflightOutOfMemory
+def _guarded(step, doing: str | None = None, log_dir: str | None = None):
+    """Run a command's work, turning a failure ft explains (``FtError``) into its one paragraph and exit code. With
+    ``doing``, any other exception becomes the unexpected-failure paragraph (exit 1; its traceback in ``log_dir``);
+    without, it is raised on, a bug shown with its traceback."""
+    from .errors import FtError
 
     try:
         return step()
-    except RecipeError as exc:
-        _err(str(exc))
-        raise typer.Exit(EXIT_INVALID) from None
-    except (DataError, ModelLoadError, ResumeError, PreflightOutOfMemory) as exc:
-        _err(f"ft: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
-    except (DiskFull, PushFailed) as exc:  # not the recipe's fault: exit 1, but said plainly
-        _err(f"ft: {exc}")
-        raise typer.Exit(1) from None
+    except FtError as exc:
+        _err(exc.render())
+        raise typer.Exit(exc.exit_code) from None
     except Exception as exc:  # anything else: one paragraph here, the traceback in a file
-        _err(_unexpected_failure(exc, doing, loaded.recipe.train_args.get("output_dir", ".")))
+        if doing is None:
+            raise
+        _err(_unexpected_failure(exc, doing, log_dir or "."))
         raise typer.Exit(1) from None
+
+
+def _run_dir(loaded) -> str:
+    """Where an unexpected failure of a command that runs a recipe leaves its traceback: the run's output directory."""
+    return loaded.recipe.train_args.get("output_dir", ".")
+
+
+def _temp_dir(name: str) -> str:
+    """Where an unexpected failure of a command without a recipe leaves its traceback: <temp dir>/<name>, since there
+    is no output directory of a run to hold it."""
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / name)
 
 
 def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
+    """The paragraph for an exception ft has no explanation for (a bug, or a library's failure): what failed, the first
+    line of its message, and where its traceback was written (``output_dir``/error.log; a rank's own file under
+    several processes). With FT_DEBUG=1 the exception is raised instead."""
     import os
     import traceback
 
@@ -237,7 +176,7 @@ def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
     loaded = _load(recipe, set_)
     from .run.preprocess import preprocess as run_preprocess
 
-    prepared = _guarded(lambda: run_preprocess(loaded, say=_err), loaded, "preprocessing")
+    prepared = _guarded(lambda: run_preprocess(loaded, say=_err), "preprocessing", _run_dir(loaded))
     print(json.dumps(prepared.stats, indent=1))
 
 
@@ -261,7 +200,7 @@ def merge(
     from .run.notices import install as hide_notices_not_for_the_user
 
     hide_notices_not_for_the_user()  # as ft train does; not with FT_DEBUG=1 (notices.py)
-    _guarded_at(lambda: run_merge(source, out, dtype, say=_err), "merging", "ft-merge")
+    _guarded(lambda: run_merge(source, out, dtype, say=_err), "merging", _temp_dir("ft-merge"))
     print(out)
 
 
@@ -302,7 +241,7 @@ def generate(
             print(completion if file is None else json.dumps({**item, "completion": completion}, ensure_ascii=False),
                   flush=True)
 
-    _guarded_at(step, "generating", "ft-generate")
+    _guarded(step, "generating", _temp_dir("ft-generate"))
 
 
 @app.command()
@@ -326,32 +265,13 @@ def export(
 
     hide_notices_not_for_the_user()  # not with FT_DEBUG=1 (notices.py)
 
-    def step() -> None:
-        try:
-            run_export(source, gguf, quant, overwrite, modelfile, say=_err)
-        except KeyboardInterrupt:
-            _err(f"ft export: interrupted; {gguf} was not written (the partial file was removed).")
-            raise typer.Exit(130) from None
-
-    _guarded_at(step, "exporting", "ft-export")
-    print(gguf)
-
-
-def _guarded_at(step, doing: str, log_name: str):
-    """``_guarded`` for commands without a recipe: the unexpected failure's traceback goes to
-    <temp dir>/<log_name>/error.log, since there is no output directory of a run to hold it."""
-    import tempfile
-
-    from .errors import FtError
-
     try:
-        return step()
-    except FtError as exc:
-        _err(f"ft: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
-    except Exception as exc:  # anything else: one paragraph here, the traceback in a file
-        _err(_unexpected_failure(exc, doing, str(Path(tempfile.gettempdir()) / log_name)))
-        raise typer.Exit(1) from None
+        _guarded(lambda: run_export(source, gguf, quant, overwrite, modelfile, say=_err), "exporting",
+                 _temp_dir("ft-export"))
+    except KeyboardInterrupt:
+        _err(f"ft export: interrupted; {gguf} was not written (the partial file was removed).")
+        raise typer.Exit(130) from None
+    print(gguf)
 
 
 @app.command()
@@ -370,13 +290,8 @@ def plan(
     """Estimate peak training memory per GPU from the model's config alone (no weights loaded), and what would fit."""
     loaded = _load(recipe, set_)
     from .plan.report import plan as make_plan
-    from .plan.shape import PlanError
 
-    try:
-        result = make_plan(loaded.recipe, str(recipe), gpu_memory=gpu_memory, gpus=gpus, device=device)
-    except PlanError as exc:
-        _err(f"ft: {exc}")
-        raise typer.Exit(EXIT_INVALID) from None
+    result = _guarded(lambda: make_plan(loaded.recipe, str(recipe), gpu_memory=gpu_memory, gpus=gpus, device=device))
     print(json.dumps(result.as_dict(), indent=1) if as_json else result.render())
 
 
@@ -392,22 +307,15 @@ def report(
 ) -> None:
     """Show what runs did: status, steps, losses, eval metrics, tokens/s, peak memory, wall time, side by side with
     the recipe keys that differ. A run still training is read from its newest checkpoint."""
-    from .outputs.report import ReportError, load_runs, merged, render, write_overlay_plots
+    from .outputs.report import load_runs, merged, render, write_overlay_plots
 
-    def step() -> int:
-        try:
-            runs = load_runs(run_dirs)
-        except ReportError as exc:
-            _err(f"ft report: {exc}")
-            return EXIT_INVALID
+    def step() -> None:
+        runs = load_runs(run_dirs)
         print(json.dumps(merged(runs), indent=1) if as_json else render(runs))
         for path in write_overlay_plots(runs, plots) if plots is not None else ():
             _err(f"ft report: wrote {path}")
-        return 0
 
-    code = _guarded_at(step, "reporting", "ft-report")
-    if code:
-        raise typer.Exit(code)
+    _guarded(step, "reporting", _temp_dir("ft-report"))
 
 
 import_app = typer.Typer(no_args_is_help=True, help="Bring another tool's training config over as an ft recipe, "
@@ -424,15 +332,10 @@ def import_axolotl(
     """Write an ft recipe from an Axolotl config: each key carried, ignored (empty or off) or named as not carried,
     with the reason, at the end of the recipe. Exit 0: ft accepts the recipe; 1: the recipe is written but ft refuses
     it (its reasons on stderr; fix it by hand); 2: the config cannot be read."""
-    from .importers.axolotl import ConfigError
     from .importers.axolotl import import_axolotl as run_import
 
     def step() -> int:
-        try:
-            result = run_import(config, out)
-        except ConfigError as exc:
-            _err(f"ft import axolotl: {exc}")
-            return EXIT_INVALID
+        result = run_import(config, out)
         if out is None:
             print(result.text, end="")
         else:
@@ -448,7 +351,7 @@ def import_axolotl(
             return 1
         return 0
 
-    code = _guarded_at(step, "importing the Axolotl config", "ft-import")
+    code = _guarded(step, "importing the Axolotl config", _temp_dir("ft-import"))
     if code:
         raise typer.Exit(code)
 

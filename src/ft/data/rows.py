@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from ..errors import FtError
+
 ROW = "__ft_row"
 SOURCE = "__ft_source"  # the row's source: its index in data.train (or data.eval)
 SHOWN = 5  # bad rows listed in an error; the rest are only counted
@@ -32,7 +34,7 @@ REASONS = {
 FIX = "Fix these rows, map the fields with `fields:`/`roles:`, or set `data.on_bad_row: skip`."
 
 
-class DataError(Exception):
+class DataError(FtError):
     """A data source or row the recipe points at cannot be used (exit code 2). The message is for the user."""
 
 

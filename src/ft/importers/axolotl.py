@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import FtError
 from ..recipe import RecipeError
 from ..recipe.methods import METHOD_SECTIONS
 from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
@@ -28,7 +29,7 @@ SECTIONS = ("method", "model", "adapter", "data", "optimizer", "scheduler", *MET
             "callbacks", "train")
 
 
-class ConfigError(Exception):
+class ConfigError(FtError, prefix="ft import axolotl: "):
     """The Axolotl config cannot be read as one (exit 2): missing, not YAML, not a mapping, not a training config."""
 
 

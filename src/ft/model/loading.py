@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 
+from ..errors import FtError
 from ..recipe import Problem, Recipe
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
@@ -31,7 +32,7 @@ GGUF_MISSING = ("reading a GGUF file needs the `gguf` package, which is not inst
                 "`pip install 'ft[gguf]'` (or `pip install gguf`).")
 
 
-class ModelLoadError(Exception):
+class ModelLoadError(FtError):
     """The model or tokenizer named in the recipe could not be loaded (exit code 2)."""
 
 

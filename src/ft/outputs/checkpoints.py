@@ -20,13 +20,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FtError
 from ..recipe.errors import first_line
 from ..recipe.redact import REDACTED, SECRET_KEY
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
 
 
-class ResumeError(Exception):
+class ResumeError(FtError):
     pass
 
 

@@ -17,6 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ..errors import FtError
 from ..units import human
 from .checkpoints import complete_checkpoints
 
@@ -24,7 +25,7 @@ MARGIN = 1.2  # free space wanted per checkpoint: its size and a fifth more (tra
 _FULL = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|file write failed")  # torch's writer too
 
 
-class DiskFull(Exception):
+class DiskFull(FtError, exit_code=1):
     """The output directory's disk is full, or too full for the next checkpoint (exit code 1). The message is for the
     user."""
 

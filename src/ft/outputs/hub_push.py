@@ -19,13 +19,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import FtError
 from ..recipe.errors import first_line
 
 DEFAULT_TIMEOUT = 300.0  # seconds the Hub may stay silent; huggingface_hub's own client waits forever
 CONNECT_TIMEOUT = 10.0
 
 
-class PushFailed(Exception):
+class PushFailed(FtError, exit_code=1):
     """The run is saved, the push to the Hub is not (exit code 1). The message is for the user; ``record`` goes into
     summary.json under ``hub``."""
 

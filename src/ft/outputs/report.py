@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import FtError
 from .plots import NOT_EVAL_METRICS, log_points
 from .summary import LOG_HISTORY, summarize
 
@@ -41,7 +42,7 @@ class _Absent:
 ABSENT = _Absent()
 
 
-class ReportError(Exception):
+class ReportError(FtError, prefix="ft report: "):
     """A run directory ``ft report`` cannot read (exit 2)."""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import FtError
 from ..model.loading import ModelLoadError, gguf_problems, names_a_path
 from ..model.locate import start_config
 from ..recipe import Recipe
@@ -13,7 +14,7 @@ from ..recipe import Recipe
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class PlanError(Exception):
+class PlanError(FtError):
     """No estimate can be made (unreadable config, an architecture not modelled, a bad --gpu-memory): exit 2."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+from ..errors import FtError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -26,7 +28,7 @@ class Problem:
 
 
 @dataclass
-class RecipeError(Exception):
+class RecipeError(FtError, prefix=""):
     """Raised with *all* problems found, so the user fixes them in one pass (exit code 2)."""
 
     problems: list[Problem] = field(default_factory=list)

@@ -3,6 +3,10 @@
 Every problem is collected and raised together in one ``RecipeError`` so ``ft validate`` shows the
 whole list at once; each names the dotted key, the ``file:line`` it came from, the bad value, what is
 allowed, and (for unknown names) the closest valid ones.
+
+A relative input path is relative to the file that wrote it: a base recipe's (``extends:``) are made absolute
+against the base's folder as it is read, the recipe's own and ``--set`` values are resolved against the recipe's
+folder (then the working directory) by the schema's validators (``base.resolve_input_path``).
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import copy
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from .base import resolve_input_path
 from .errors import Problem, RecipeError, did_you_mean
 from .methods import DEFAULT_METHOD, METHODS, moved_to_method_section
 from .processes import Processes
@@ -32,6 +38,14 @@ class LoadedRecipe:
     warnings: list[Problem]
     source: Path
     locations: Locations
+
+    @property
+    def folders(self) -> list[Path]:
+        """The folders of the files the recipe was read from, each once: its own, then its bases' (``extends:``)
+        that still give it a key. The modules a recipe names (``module:function``) are looked up in them."""
+        files = [self.source] + [Path(file) for file, _, line in (where.rpartition(":") for where in
+                                                                   self.locations.values()) if file and line.isdigit()]
+        return list(dict.fromkeys(file.resolve().parent for file in files))
 
     def error(self, problems: list[Problem]) -> RecipeError:
         """A RecipeError for problems found later (e.g. machine checks), located like load-time ones."""
@@ -53,7 +67,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), processes: Proc
 
 
 def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locations]:
-    """The recipe as a dict after resolving ``extends:`` (relative to each file; chains allowed)."""
+    """The recipe as a dict after resolving ``extends:`` (relative to each file; chains allowed). A base's relative
+    input paths are made absolute against its own folder (``anchor_input_paths``); the recipe's own stay as written,
+    for ``validate`` to resolve against its folder."""
     if not path.is_file():
         raise RecipeError([Problem("", f"recipe file {str(path)!r} does not exist", level="error")], str(path))
     if path.resolve() in _chain:
@@ -68,6 +84,8 @@ def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locati
     if not isinstance(data, dict):
         raise RecipeError([Problem("", "a recipe must be a mapping of sections (method:, model:, data:, …)",
                                    locations.get((), str(path)))], str(path))
+    if _chain:  # a base of the recipe: its paths are relative to its own folder, not to the recipe extending it
+        anchor_input_paths(data, path.resolve().parent)
     parent = data.pop("extends", None)
     if parent is None:
         return data, locations
@@ -76,6 +94,48 @@ def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locati
                                    locations.get(("extends",), ""))], str(path))
     base, base_locations = read_merged(path.parent / parent, (*_chain, path.resolve()))
     return deep_merge(base, data), {**base_locations, **locations}
+
+
+def anchor_input_paths(raw: dict, folder: Path) -> None:
+    """Make each input path of ``raw`` (one recipe file's own keys: ``model.name``, ``data.*.path``,
+    ``dpo.ref_model``, …) that names something in ``folder`` absolute, in place. The keys are those the schema resolves
+    with ``resolve_input_path``; a value that names nothing there (a hub id, a path relative to the working directory)
+    is left as written."""
+    _anchor(raw, [recipe_model(method) for method in METHODS], folder)
+
+
+def _anchor(node: dict, models: list[type[BaseModel]], folder: Path) -> None:
+    """``anchor_input_paths`` on ``node``, read as one of ``models`` (a union's members; every method's recipe at the
+    top, whose sections are the same but for ``train:``)."""
+    for key, value in node.items():
+        for model in models:
+            field = _keys(model).get(key)
+            if field is None:
+                continue
+            if isinstance(value, str) and key in _input_path_keys(model):
+                node[key] = value = _anchored(value, folder)
+            inner = _models_in(field.annotation)
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict) and inner:
+                    _anchor(item, inner, folder)
+
+
+def _anchored(value: str, folder: Path) -> str:
+    candidate = folder / value
+    return str(candidate.resolve()) if candidate.exists() else value
+
+
+@cache
+def _input_path_keys(model: type[BaseModel]) -> set[str]:
+    """The keys of ``model`` (as a recipe writes them) whose validator is ``resolve_input_path``, or calls it (a key
+    that takes a file or an inline mapping)."""
+    names: set[str] = set()
+    for decorator in model.__pydantic_decorators__.field_validators.values():
+        func = getattr(decorator.func, "__func__", decorator.func)
+        calls = getattr(getattr(func, "__code__", None), "co_names", ())
+        if func is resolve_input_path or "resolve_input_path" in calls:
+            names.update(decorator.info.fields)
+    return {field.alias or name for name, field in model.model_fields.items() if name in names}
 
 
 def _default_output_dir(raw: dict, path: Path) -> None:
@@ -231,15 +291,17 @@ def _keys(model) -> dict:
 
 
 def _model_in(annotation):
+    found = _models_in(annotation)
+    return found[0] if found else None
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """Every model ``annotation`` names (``Optional[X]``, ``list[X]``, ``Union[list[X], Y]``), in order."""
     import typing
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
 
 
 def _short_list(names: list[str], limit: int = 12) -> str:

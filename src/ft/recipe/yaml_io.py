@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import FtError
+
 Locations = dict[tuple, str]  # key path (tuple of str/int) -> "file:line"
 
 
@@ -45,7 +47,7 @@ def _yaml12_booleans(loader: type[yaml.SafeLoader]) -> None:
 _yaml12_booleans(_Loader)
 
 
-class YamlSyntaxError(Exception):
+class YamlSyntaxError(FtError):
     """A file that is not valid YAML, with file:line:column and the parser's reason."""
 
 

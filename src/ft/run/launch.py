@@ -19,6 +19,11 @@ single process does (validation, resume, drift, JIT checkpoints, the summary) ha
 Several machines: run the same ``ft train`` on each with ``--nnodes``, ``--node-rank`` and ``--master-addr``/
 ``--master-port`` (a static rendezvous, as torchrun's), or ``--rdzv-endpoint`` (c10d rendezvous, ranks assigned by
 it). An accelerate config file (``launch.accelerate_config``) hands the launch to ``accelerate launch`` instead.
+
+What ``ft train`` decides here before it trains, so that the CLI only calls: the ``--num-processes`` it was given
+(``num_processes_flag``), the process count the recipe's rules see (``known_processes``), whether this command starts
+the ranks itself (``several_processes_wanted``, then ``start_ranks``), and the command line that resumes the run
+(``command_that_resumes``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..recipe import LoadedRecipe, Problem
+from ..errors import FtError
+from ..recipe import LoadedRecipe, Problem, Processes
+from .ranks import launched_world_size
 from .signals import STOP_SIGNALS, exit_code
 
 # the CLI's launch flags: the launcher reads them, the ranks must not see them
@@ -65,6 +72,62 @@ class Launch:
             return f"accelerate launch --config_file {self.accelerate_config}"
         machines = f" on each of {self.nnodes} machines (this one: node {self.node_rank})" if self.nnodes > 1 else ""
         return f"{self.num_processes} processes{machines}"
+
+
+def num_processes_flag(value: str | None) -> int | str | None:
+    """``--num-processes`` as given: None (not given), ``auto`` or a count of 1 or more; anything else is refused
+    (exit 2) before the recipe is read."""
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise FtError(f"--num-processes {value!r}: give a number of processes (1 or more) or auto (the visible GPUs).")
+    return int(value)
+
+
+def known_processes(num_processes: int | str | None) -> Processes | None:
+    """The process count the rules that involve processes see: inside a rank, the run's (WORLD_SIZE, set by torchrun,
+    accelerate or ft); else ``--num-processes`` (``auto``: the visible GPUs); else None (the recipe's ``launch:``)."""
+    size = launched_world_size()
+    if size is not None:
+        return Processes(size, f"WORLD_SIZE={size}")
+    if num_processes is None:
+        return None
+    count = max(visible_gpus(), 1) if num_processes == "auto" else int(num_processes)
+    return Processes(count, f"--num-processes {count}")
+
+
+def visible_gpus() -> int:
+    """The GPUs this process sees (``auto`` processes: one per GPU)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def several_processes_wanted(loaded: LoadedRecipe, flags: dict[str, object]) -> bool:
+    """True when this command must start the ranks itself (not when it already is one of them): a launch flag was
+    given, or the recipe has a ``launch:`` section."""
+    if launched_world_size() is not None:  # started by torchrun / accelerate / ft: one rank of the run
+        return False
+    return any(value is not None for value in flags.values()) or getattr(loaded.recipe, "launch", None) is not None
+
+
+def start_ranks(loaded: LoadedRecipe, flags: dict[str, object], argv: list[str], command: str,
+                say: Callable[[str], None]) -> int | None:
+    """Start the ranks (``argv``: this command's arguments after ``ft``) and return the exit code ft should end with;
+    None when the launch comes to one process, which then trains in this one."""
+    chosen = resolve(loaded, flags, visible_gpus)
+    return run(loaded, chosen, argv, command, say=say) if chosen.needed else None
+
+
+def command_that_resumes(argv: list[str]) -> str:
+    """This command line (``argv``: ``sys.argv``), as the one that resumes the run; under torchrun, the launcher's
+    (this process's parent); in a rank ``ft train --num-processes`` started, ft's (``FT_RESUME_COMMAND``)."""
+    from ..outputs.checkpoints import resume_command
+
+    if os.environ.get(RESUME_COMMAND_ENV):
+        return os.environ[RESUME_COMMAND_ENV]
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    return resume_command(argv, Path(f"/proc/{os.getppid()}/cmdline") if launched else None)
 
 
 def resolve(loaded: LoadedRecipe, flags: dict[str, object], visible_gpus: Callable[[], int]) -> Launch:

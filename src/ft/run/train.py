@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -55,143 +56,241 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks);
     ``command`` is the command line that resumes the run (the CLI passes the one it was started with). An unexpected
     exception once the trainer is built is raised on after summary.json (status ``failed``) and the plots so far are
-    written."""
-    wall_started = time.perf_counter()
-    recipe = loaded.recipe
-    main = ranks.is_main()
-    say = say if main else _silent
-    command = command or f"ft train {loaded.source}"
-    hw = hardware.probe()
-    problems = (hardware.check_hardware(recipe, hw, ranks.world_size()) + hub.check_hub(recipe)
+    written. It ends one of three ways: completed (``_finish``), stopped by a signal (``_stopped_by_signal``), or
+    stopped by a streamed source that failed (``_stream_failed``)."""
+    run = _Run(loaded, say, command or f"ft train {loaded.source}")
+    _check_machine(run)
+    hooks = _resolve_hooks(run)
+    _resolve_resume(run, resume, overwrite)
+    _prepare(run, hooks, callbacks)
+    _score_before_training(run)
+    watchdog = _disk_guard(run)
+    with _failure_recorded(run):
+        watch = _train_under_stop_watch(run, watchdog)
+        state = run.trainer.state
+        if signals.stopped_early(state.global_step, state.max_steps, watch.received):
+            return _stopped_by_signal(run, watch.received)
+        if run.trainer.ft_stream_failure is not None:
+            return _stream_failed(run)
+        return _finish(run)
+
+
+class _Run:
+    """What the steps of one run share, filled in as they go: the recipe and how to speak (only the main process
+    says anything), the machine, the output directory and the checkpoint resumed from, the trainer and its data, the
+    held-out rows exact match scores, and ``facts`` and ``phases`` (summary.json's device, versions, phase times)."""
+
+    def __init__(self, loaded: LoadedRecipe, say: Callable[[str], None], command: str):
+        self.wall_started = time.perf_counter()
+        self.loaded, self.recipe, self.command = loaded, loaded.recipe, command
+        self.main = ranks.is_main()
+        self.say = say if self.main else _silent
+        self.output_dir = Path(self.recipe.train_args["output_dir"])  # created once data and model are ready
+        self.hw: hardware.Hardware | None = None
+        self.resume_from: str | None = None
+        self.phases: dict = dict.fromkeys(PHASES)  # filled in as each phase ends
+        self.facts: dict = {}
+        self.trainer = None
+        self.prepared: data.PreparedData | None = None
+        self.held_out = None  # the rows exact match scores after training (main process), or None
+        self.answers_before = None  # the baseline's answers to them, for exact_match.jsonl
+        self.stop_wait = 0  # seconds one process waits after a stop signal before it saves (signals.jit_kill_wait)
+        self.started = 0.0  # when training started (perf_counter)
+        self.seconds = 0.0  # training's seconds, once it ends
+
+    def extra(self) -> dict:
+        """summary.json beyond the losses (``_extra``), over training's seconds."""
+        return _extra(self.recipe, self.prepared, self.trainer, self.seconds)
+
+    def report(self, summary: dict) -> None:
+        """plots/, log_history.json and summary.json with ``summary`` and the run's facts (``_write_report``)."""
+        _write_report(self.output_dir, summary, self.trainer.state.log_history, self.main, self.facts,
+                      self.wall_started)
+
+
+def _check_machine(run: _Run) -> None:
+    """Refuse (a RecipeError, exit 2, nothing loaded) what this machine cannot run, a push without a token or to a
+    repository it cannot write, a repository it cannot read, a GGUF file it cannot use."""
+    recipe = run.recipe
+    run.hw = hardware.probe()
+    problems = (hardware.check_hardware(recipe, run.hw, ranks.world_size()) + hub.check_hub(recipe)
                 + hub.check_reads(recipe) + loading.gguf_problems(recipe.model))
-    if not problems and main:  # the repository a pushing run writes to, created before anything loads
+    if not problems and run.main:  # the repository a pushing run writes to, created before anything loads
         problems = hub.check_push(recipe)
     if problems:
-        raise loaded.error(problems)
+        raise run.loaded.error(problems)
+
+
+def _resolve_hooks(run: _Run) -> Hooks:
+    """The recipe's own code (loss, callbacks, rewards, optimizer and scheduler classes), imported and checked once;
+    a PluginError becomes a RecipeError at the key's file and line. A module is looked up next to the recipe (first on
+    ``sys.path``), then next to the recipes it extends (last: they shadow no installed package), so a base recipe's
+    ``module:function`` works from a recipe in another folder."""
+    for folder in run.loaded.folders[1:]:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
     try:
-        hooks = resolve_hooks(recipe, base_dir=loaded.source.resolve().parent)
+        return resolve_hooks(run.recipe, base_dir=run.loaded.source.resolve().parent)
     except PluginError as exc:
-        raise loaded.error([exc.problem]) from None
-    output_dir = Path(recipe.train_args["output_dir"])  # created once data and model are ready: a refusal leaves none
-    with ranks.main_process_first(cpu=not hw.cuda):  # with --overwrite the main process clears, the others find it so
-        resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and main)
-    resume_from = resumed.path
+        raise run.loaded.error([exc.problem]) from None
+
+
+def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
+    """The checkpoint the run resumes from (``--resume``; with ``--overwrite`` the main process clears the output
+    directory first), checked for drift against the saved recipe; then the run's first line and summary.json's
+    facts."""
+    recipe, say, output_dir = run.recipe, run.say, run.output_dir
+    with ranks.main_process_first(cpu=not run.hw.cuda):  # with --overwrite the main process clears, others find it so
+        resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and run.main)
+    run.resume_from = resumed.path
     for item in resumed.passed_over:
         say(f"ft: passing over a checkpoint that does not read back: {item.render()}")
-    if resume_from:
-        harmless = check_drift(recipe, output_dir, resume_from, command, world_size=ranks.world_size())
+    if run.resume_from:
+        harmless = check_drift(recipe, output_dir, run.resume_from, run.command, world_size=ranks.world_size())
         if harmless:
             say("ft: resuming with changes that leave the training as it was: "
                 + "; ".join(change.render() for change in harmless))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
-    say(f"ft: {recipe.method} on {hw.summary}{processes}; output in {output_dir}")
-    phases: dict = dict.fromkeys(PHASES)  # filled in as each phase ends
-    facts = {"device": hw.summary, "peak_memory_source": "cuda_max_allocated" if hw.cuda else "process_max_rss",
-             "resumed_from": resume_from, "phase_seconds": phases, "versions": versions(), "failure": None,
-             "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
+    say(f"ft: {recipe.method} on {run.hw.summary}{processes}; output in {output_dir}")
+    run.facts = {"device": run.hw.summary,
+                 "peak_memory_source": "cuda_max_allocated" if run.hw.cuda else "process_max_rss",
+                 "resumed_from": run.resume_from, "phase_seconds": run.phases, "versions": versions(),
+                 "failure": None, "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
 
+
+def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
+    """The trainer and its data (``prepare_trainer``), then the output directory with the resolved recipe.yaml; a
+    problem the model or tokenizer shows in the recipe is a RecipeError at the key's file and line."""
     try:
-        trainer, prepared = prepare_trainer(recipe, hooks, hw, say, callbacks, phases=phases)
+        run.trainer, run.prepared = prepare_trainer(run.recipe, hooks, run.hw, run.say, callbacks, phases=run.phases)
     except PluginError as exc:  # a recipe setting the model shows wrong (optimizer.groups matching no parameter)
-        raise loaded.error([exc.problem]) from None
+        raise run.loaded.error([exc.problem]) from None
     except RecipeError as exc:  # one the tokenizer shows wrong (a train.pad_token it does not have)
-        raise loaded.error(exc.problems) from None
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if main:
-        (output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(recipe))
-    if resume_from:
-        say(f"ft: resuming from {resume_from}")
+        raise run.loaded.error(exc.problems) from None
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    if run.main:
+        (run.output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(run.recipe))
+    if run.resume_from:
+        run.say(f"ft: resuming from {run.resume_from}")
 
-    settings = recipe.data.eval_exact_match  # its rows read now: a source without answers fails before training
-    held_out = exact_match.held_out_rows(recipe, settings.n) if main and settings is not None else None
-    # the baseline, scored as the trained model will be; a resumed run's loaded weights are not its start
-    baseline = exact_match.before_training(recipe, trainer, held_out, say) if not resume_from else None
-    answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
+
+def _score_before_training(run: _Run) -> None:
+    """With ``data.eval_exact_match``: its rows read now (a source without answers fails before training), and the
+    baseline scored as the trained model will be (not on a resume: its loaded weights are not its start)."""
+    settings = run.recipe.data.eval_exact_match
+    run.held_out = exact_match.held_out_rows(run.recipe, settings.n) if run.main and settings is not None else None
+    baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.say) \
+        if not run.resume_from else None
+    run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
-        facts["exact_match_before"] = baseline
-    watchdog = _disk_guard(recipe, trainer, output_dir, hw, command, say)
-    at_step_end = trainer.args.enable_jit_checkpoint  # ft takes the stop itself: trainers.preemption says why
-    together = ranks.world_size() > 1
-    wait = 0 if together else signals.jit_kill_wait()
-    started = time.perf_counter()
+        run.facts["exact_match_before"] = baseline
+
+
+@contextmanager
+def _failure_recorded(run: _Run):
+    """Around training and what follows it: an exception is raised on after summary.json says ``failed`` (then ft
+    train prints its one paragraph and exits 1); a full disk is raised as ``DiskFull``, after what was half-written is
+    removed. A failed push is raised as it is: the run is complete and its summary.json says so, with the push's
+    failure."""
+    run.started = time.perf_counter()  # set again as training starts
+    phases = run.phases
     try:
-        with signals.StopWatch(pass_on=not at_step_end, resume_hint=f"To resume, run: {command}") as watch:
-            if at_step_end:
-                from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
-
-                trainer.add_callback(StopAtStepEnd(watch, trainer.ft_stop_point, wait, together))
-            trainer.train(resume_from_checkpoint=resume_from)
-        seconds = time.perf_counter() - started
-        phases["train"] = round(seconds, 3)
-        state = trainer.state
-        if watchdog is not None and watchdog.refused:
-            raise disk.DiskFull(watchdog.refused)
-
-        if signals.stopped_early(state.global_step, state.max_steps, watch.received):
-            saved = checkpoints.complete_checkpoints(output_dir)
-            summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds,
-                                final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
-            name = signals.signal_name(watch.received)
-            summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=command)
-            _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
-            after = (f"ft waits {wait} s after the signal, in case a SIGKILL follows, then saves at the end of a step"
-                     if wait else "every process saved at the same step end")
-            say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved "
-                f"{summary['checkpoint']} ({after}). To resume from it, run the same command again: {command}")
-            return RunResult("stopped", output_dir, summary, watch.received)
-
-        if trainer.ft_stream_failure is not None:
-            return _stream_failed(trainer, recipe, prepared, output_dir, seconds, command, main, facts, wall_started,
-                                  say)
-
-        final_eval = _evaluated_at_last_step(trainer) if prepared.eval is not None else None
-        if final_eval is not None:
-            phases["evaluate"] = 0.0  # the evaluation at the last step (timed in train) is the final one
-        elif prepared.eval is not None:
-            with _timed(phases, "evaluate"):
-                final_eval = trainer.evaluate()
-        with _timed(phases, "save"):
-            distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
-            trainer.save_model(str(output_dir / "final"))
-        summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=seconds,
-                            final_eval=final_eval, extra=_extra(recipe, prepared, trainer, seconds))
-        if held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
-            summary["exact_match"] = exact_match.after_training(recipe, trainer, held_out, say)
-            if summary["exact_match"] is not None:
-                exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], answers_before)
-        _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
-        say(f"ft: done in {seconds:.1f}s; model in {output_dir / 'final'}")
-        if main and trainer.args.push_to_hub:
-            _push(trainer, output_dir, summary, say)
-        return RunResult("completed", output_dir, summary)
-    except hub_push.PushFailed:  # the run is complete and its summary.json says so, with the push's failure
+        yield
+    except hub_push.PushFailed:
         raise
-    except Exception as exc:  # summary.json says so, then ft train prints its one paragraph and exits 1
+    except Exception as exc:
         saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
-        full = disk.explain(exc, output_dir, command, final=saving) if main else None  # removes what was half-written
-        if main:
-            seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - started
-            _write_failure(exc, output_dir, recipe, prepared, trainer, seconds, facts, wall_started, say)
+        full = disk.explain(exc, run.output_dir, run.command, final=saving) if run.main else None  # removes the half
+        if run.main:
+            seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - run.started
+            _write_failure(exc, run.output_dir, run.recipe, run.prepared, run.trainer, seconds, run.facts,
+                           run.wall_started, run.say)
         if full is not None:
             raise full from None
         raise
 
 
-def _stream_failed(trainer, recipe, prepared, output_dir: Path, seconds: float, command: str, main: bool, facts,
-                   wall_started, say) -> RunResult:
+def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
+    """``trainer.train`` inside the stop watch (a stop signal saves a checkpoint at a step end, where JIT checkpoints
+    are on: ``trainers.preemption`` says why ft takes the stop itself); its seconds go into ``phases``. The watch
+    says which signal, if any, came. A save the disk guard refused is raised as ``DiskFull``."""
+    trainer = run.trainer
+    at_step_end = trainer.args.enable_jit_checkpoint
+    together = ranks.world_size() > 1
+    run.stop_wait = wait = 0 if together else signals.jit_kill_wait()
+    run.started = time.perf_counter()
+    with signals.StopWatch(pass_on=not at_step_end, resume_hint=f"To resume, run: {run.command}") as watch:
+        if at_step_end:
+            from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
+
+            trainer.add_callback(StopAtStepEnd(watch, trainer.ft_stop_point, wait, together))
+        trainer.train(resume_from_checkpoint=run.resume_from)
+    run.seconds = time.perf_counter() - run.started
+    run.phases["train"] = round(run.seconds, 3)
+    if watchdog is not None and watchdog.refused:
+        raise disk.DiskFull(watchdog.refused)
+    return watch
+
+
+def _stopped_by_signal(run: _Run, signum: int) -> RunResult:
+    """A stop signal ended training before its last step: the checkpoint saved at a step end, summary.json
+    ``stopped``, and the command that resumes (exit 128 + the signal's number)."""
+    state = run.trainer.state
+    saved = checkpoints.complete_checkpoints(run.output_dir)
+    summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=run.seconds,
+                        final_eval=None, extra=run.extra())
+    name = signals.signal_name(signum)
+    summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by=name, resume_command=run.command)
+    run.report(summary)
+    wait = run.stop_wait
+    after = (f"ft waits {wait} s after the signal, in case a SIGKILL follows, then saves at the end of a step"
+             if wait else "every process saved at the same step end")
+    run.say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved "
+            f"{summary['checkpoint']} ({after}). To resume from it, run the same command again: {run.command}")
+    return RunResult("stopped", run.output_dir, summary, signum)
+
+
+def _stream_failed(run: _Run) -> RunResult:
     """A streamed source failed mid-run: the Trainer saved the last finished step (``FtTrainerMixin``); say what
     failed and how to go on from there (exit 1)."""
-    state, failure = trainer.state, trainer.ft_stream_failure
-    saved = checkpoints.complete_checkpoints(output_dir)
-    summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=seconds, final_eval=None,
-                        extra=_extra(recipe, prepared, trainer, seconds))
+    state, failure = run.trainer.state, run.trainer.ft_stream_failure
+    saved = checkpoints.complete_checkpoints(run.output_dir)
+    summary = summarize("stopped", state.log_history, steps=state.global_step, train_seconds=run.seconds,
+                        final_eval=None, extra=run.extra())
     summary.update(checkpoint=str(saved[-1]) if saved else None, stopped_by="data", data_failure=str(failure),
-                   resume_command=command)
-    _write_report(output_dir, summary, state.log_history, main, facts, wall_started)
-    say(f"ft: {failure}\nft: training stopped at step {state.global_step} of {state.max_steps} and saved "
-        f"{summary['checkpoint']}; every row before it is trained, none after. Make the source readable again (or "
-        f"fix the row), then resume with the same command: {command}")
-    return RunResult("stopped", output_dir, summary)
+                   resume_command=run.command)
+    run.report(summary)
+    run.say(f"ft: {failure}\nft: training stopped at step {state.global_step} of {state.max_steps} and saved "
+            f"{summary['checkpoint']}; every row before it is trained, none after. Make the source readable again "
+            f"(or fix the row), then resume with the same command: {run.command}")
+    return RunResult("stopped", run.output_dir, summary)
+
+
+def _finish(run: _Run) -> RunResult:
+    """Training reached its end: the final evaluation (the one at the last step, when there was one), final/, the
+    summary with exact match scored on the held-out rows, plots, and the push to the Hub (exit 0)."""
+    trainer, phases, output_dir = run.trainer, run.phases, run.output_dir
+    final_eval = _evaluated_at_last_step(trainer) if run.prepared.eval is not None else None
+    if final_eval is not None:
+        phases["evaluate"] = 0.0  # the evaluation at the last step (timed in train) is the final one
+    elif run.prepared.eval is not None:
+        with _timed(phases, "evaluate"):
+            final_eval = trainer.evaluate()
+    with _timed(phases, "save"):
+        distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
+        trainer.save_model(str(output_dir / "final"))
+    state = trainer.state
+    summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=run.seconds,
+                        final_eval=final_eval, extra=run.extra())
+    if run.held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
+        summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out, run.say)
+        if summary["exact_match"] is not None:
+            exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], run.answers_before)
+    run.report(summary)
+    run.say(f"ft: done in {run.seconds:.1f}s; model in {output_dir / 'final'}")
+    if run.main and trainer.args.push_to_hub:
+        _push(trainer, output_dir, summary, run.say)
+    return RunResult("completed", output_dir, summary)
 
 
 def _push(trainer, output_dir: Path, summary: dict, say: Callable[[str], None]) -> None:
@@ -243,22 +342,23 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     return trainer, prepared
 
 
-def _disk_guard(recipe: Recipe, trainer, output_dir: Path, hw, command: str, say: Callable[[str], None]):
+def _disk_guard(run: _Run):
     """A run that saves checkpoints: a warning now if the disk will not hold those it keeps, and a callback that
     stops cleanly before a save that would not fit (``outputs.disk``). None when the run saves no checkpoint."""
     from ..plan.shape import PlanError
     from ..plan.suggest import step_figures
 
+    trainer, output_dir = run.trainer, run.output_dir
     if trainer.args.save_strategy == "no":
         return None
     try:
-        size = step_figures(recipe, "cuda" if hw.cuda else "cpu").checkpoint
+        size = step_figures(run.recipe, "cuda" if run.hw.cuda else "cpu").checkpoint
     except PlanError:
         size = 0.0
     warning = disk.start_warning(output_dir, size, trainer.args.save_total_limit)
     if warning:
-        say(warning)
-    watchdog = disk.guard(output_dir, size, command)
+        run.say(warning)
+    watchdog = disk.guard(output_dir, size, run.command)
     trainer.add_callback(watchdog)
     return watchdog
 

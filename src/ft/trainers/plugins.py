@@ -13,10 +13,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import FtError
 from ..recipe import Problem
 
 
-class PluginError(Exception):
+class PluginError(FtError):
     def __init__(self, problem: Problem):
         super().__init__(problem.render())
         self.problem = problem
