@@ -20,7 +20,7 @@ from ..recipe import Recipe
 from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
 from . import cache
-from .formats import normalize
+from .formats import FORMATS, normalize
 from .labels import IGNORE_INDEX
 from .rows import ROW, SOURCE, BadRows, DataError, locate
 from .sources import mix, read_source, source_counts, split_off, weighted
@@ -90,7 +90,7 @@ def _wait_for_cache(path: Path, components: dict[str, str], say: Callable[[str],
 
 def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
     """The Jinja template chat rows are rendered with (None when no source is chat-shaped)."""
-    chat = any(s.format in ("chat", "instruction") for s in (*recipe.data.train, *recipe.data.eval_sources))
+    chat = any(FORMATS[s.format].conversations for s in (*recipe.data.train, *recipe.data.eval_sources))
     if not chat:
         return None
     try:

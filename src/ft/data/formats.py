@@ -1,4 +1,11 @@
-"""Row formats, as a registry: format name -> a converter from a source row to ft's canonical columns.
+"""Row formats, as a registry: format name -> the ``Format`` that owns everything ft knows of that format.
+
+A format is one class, registered in ``FORMATS`` with ``@register``; it owns its name, its canonical columns, how a
+source row becomes a canonical row (``convert``, and ``columnar`` where Arrow can do it for a whole column), the rows
+``ft train --smoke`` generates in it (``example_rows``) and where the prompt and the expected answer of a canonical
+row are for ``data.eval_exact_match`` (``prompt_and_answer``). Its name is also listed in ``recipe/names.py``, which
+validation reads (it may not import this module): ``register`` refuses a name that list lacks, and
+``tests/test_methods.py`` checks that the list has no name without a format.
 
 Canonical layouts (what TRL's trainers read):
 
@@ -13,15 +20,18 @@ source's role -> canonical role) renames roles. A row that does not fit raises `
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 
+from ..recipe import names as offered
 from ..recipe.data_section import DataSource
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
 
@@ -39,17 +49,60 @@ class Names:
     def __call__(self, canonical: str) -> str:
         return self.fields.get(canonical, canonical)
 
+    def role(self, canonical: str) -> str:
+        """The source's name for a canonical role: the first ``roles:`` entry mapped to it, else the role itself."""
+        return next((theirs for theirs, ours in self.roles.items() if ours == canonical), canonical)
+
+    def message(self, role: str, content: str) -> dict:
+        """A message as the source writes one (its key and role names), for rows generated in its layout."""
+        return {self("role"): self.role(role), self("content"): content}
+
 
 @dataclass(frozen=True)
-class Format:
-    """A converter (row, names) -> canonical row, raising RowError, and the columns it writes."""
+class Sum:
+    """Generated example ``i``: a sum of two numbers below 50, its answer and a wrong answer, the same for every
+    format (``Format.example_rows``), so a smoke run's rows of each format ask the same questions."""
 
-    convert: Callable[[Row, Names], Row]
-    columns: tuple[str, ...]  # the canonical columns it writes
-    keeps_extra: bool = False  # every other column of the source passes through (``prompt``)
-    # optional whole-column conversion: the canonical dataset when Arrow alone can tell every row is good,
-    # else None (the row-by-row ``convert`` then runs, and names the bad rows)
-    columnar: Callable[[datasets.Dataset, Names], datasets.Dataset | None] | None = None
+    i: int
+
+    @property
+    def a(self) -> int:
+        return (7 * self.i + 3) % 50
+
+    @property
+    def b(self) -> int:
+        return (13 * self.i + 5) % 50
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.a} + {self.b}?"
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b)
+
+    @property
+    def wrong(self) -> str:
+        return str(self.a + self.b + 1 + self.i % 5)
+
+
+class Format(ABC):
+    """One data format. A subclass sets ``name`` and ``columns`` and implements ``convert``, ``example`` and
+    ``prompt_and_answer``; ``@register`` puts an instance in ``FORMATS``."""
+
+    name: ClassVar[str]
+    columns: ClassVar[tuple[str, ...]]  # the canonical columns it writes
+    keeps_extra: ClassVar[bool] = False  # every other column of the source passes through (``prompt``)
+    conversations: ClassVar[bool] = False  # its rows are always chats (``messages``), rendered with the chat template
+
+    @abstractmethod
+    def convert(self, row: Row, names: Names) -> Row:
+        """The canonical row of a source row laid out as ``names`` says; raises RowError when it does not fit."""
+
+    def columnar(self, dataset: datasets.Dataset, names: Names) -> datasets.Dataset | None:
+        """The whole canonical dataset when Arrow alone can tell every row is good, else None (the row-by-row
+        ``convert`` then runs, and names the bad rows). None unless a format has such a fast path."""
+        return None
 
     def output_columns(self, source_columns: list[str], names: Names) -> list[str]:
         if not self.keeps_extra:
@@ -57,85 +110,186 @@ class Format:
         taken = {*self.columns, *(names(c) for c in self.columns), ROW}
         return [*self.columns, *(c for c in source_columns if c not in taken)]
 
+    @abstractmethod
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """``case`` as a source row of this format laid out as ``names`` says: prompts as messages when ``chat``
+        (the tokenizer has a chat template); ``answer_fields`` are the fields rows carry the answer in for reward
+        functions (the formats that have such fields)."""
+
+    def example_rows(self, count: int, names: Names, *, start: int = 0, chat: bool = True,
+                     answer_fields: Sequence[str] = ("answer",)) -> list[Row]:
+        """``count`` generated arithmetic rows (sums ``start`` to ``start + count - 1``) in this format, laid out as
+        the source's ``fields:`` and ``roles:`` say its rows are, so that ``--smoke`` exercises the mapping when it
+        cannot read the source."""
+        return [self.example(Sum(i), names, chat, answer_fields) for i in range(start, start + count)]
+
+    @abstractmethod
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str | list, str] | None:
+        """(the prompt, text or a list of ``{role, content}`` messages; the expected answer) of a canonical row, for
+        ``data.eval_exact_match``; None when the row has no prompt or no answer. ``field`` is the setting's
+        ``field``: the column holding the answer, for a format that has no answer of its own."""
+
 
 FORMATS: dict[str, Format] = {}
 
 
-def register(name: str, *columns: str, keeps_extra: bool = False, columnar=None):
-    def add(convert: Callable[[Row, Names], Row]):
-        FORMATS[name] = Format(convert, columns, keeps_extra, columnar)
-        return convert
-
-    return add
-
-
-@register("chat", "messages")
-def chat(row: Row, names: Names) -> Row:
-    field = names("messages")
-    messages = _messages(value_of(row, field, list), names, field)
-    _needs_assistant(messages, field)
-    return {"messages": messages}
+def register(cls: type[Format]) -> type[Format]:
+    """Class decorator: ``FORMATS[cls.name]`` is an instance of ``cls``. The name must be one ``recipe/names.py``
+    offers, or no recipe could name it."""
+    if cls.name not in offered.FORMATS:
+        raise ValueError(f"format {cls.name!r} is not in recipe/names.py FORMATS, the names validation accepts; "
+                         "add it there")
+    FORMATS[cls.name] = cls()
+    return cls
 
 
-@register("instruction", "messages")
-def instruction(row: Row, names: Names) -> Row:
-    """User turn: the instruction, plus a blank line and the input when there is one; assistant: the output."""
-    user = text_of(row, names("instruction"))
-    if row.get(names("input")) is not None and text_of(row, names("input"), empty_ok=True).strip():
-        user = f"{user}\n\n{row[names('input')]}"
-    return {"messages": [{"role": "user", "content": user},
-                         {"role": "assistant", "content": text_of(row, names("output"))}]}
+class Conversation(Format):
+    """A format whose canonical row is one chat (``messages``): the prompt of its held-out rows is the conversation
+    up to its last assistant turn, and the expected answer that turn's content."""
+
+    columns = ("messages",)
+    conversations = True
+
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[list, str] | None:
+        messages = row["messages"]
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if not last:  # no assistant turn, or one with nothing before it
+            return None
+        return [{"role": m["role"], "content": m["content"]} for m in messages[:last]], _content(messages[last])
 
 
-def _text_columns(dataset: datasets.Dataset, names: Names) -> datasets.Dataset | None:
-    """``text`` rows straight from Arrow when the ``text`` column is all non-blank strings (the common case
-    of a plain-text corpus): what ``text()`` would return for every row, without a Python call per row."""
-    field = names("text")
-    if field not in dataset.column_names or not _is_text(dataset.features[field]):
-        return None
-    column = dataset.with_format("arrow")[field]
-    if column.null_count or pc.any(pc.equal(pc.utf8_trim_whitespace(column), "")).as_py():
-        return None
-    canonical = dataset.select_columns([field, ROW]).rename_column(field, "completion")
-    canonical = canonical.add_column("prompt", pa.array([""] * len(canonical), pa.string()))
-    return canonical.select_columns(["prompt", "completion", ROW])
+@register
+class Chat(Conversation):
+    name = "chat"
+
+    def convert(self, row: Row, names: Names) -> Row:
+        field = names("messages")
+        messages = _messages(value_of(row, field, list), names, field)
+        _needs_assistant(messages, field)
+        return {"messages": messages}
+
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """One question and its answer; every third chat asks a second question."""
+        turns = [names.message("user", case.question), names.message("assistant", case.answer)]
+        if case.i % 3 == 2:
+            turns += [names.message("user", f"And {case.a} - {case.b}?"),
+                      names.message("assistant", str(case.a - case.b))]
+        return {names("messages"): turns}
+
+
+@register
+class Instruction(Conversation):
+    name = "instruction"
+
+    def convert(self, row: Row, names: Names) -> Row:
+        """User turn: the instruction, plus a blank line and the input when there is one; assistant: the output."""
+        user = text_of(row, names("instruction"))
+        if row.get(names("input")) is not None and text_of(row, names("input"), empty_ok=True).strip():
+            user = f"{user}\n\n{row[names('input')]}"
+        return {"messages": [{"role": "user", "content": user},
+                             {"role": "assistant", "content": text_of(row, names("output"))}]}
+
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """Every other row has an input (the two numbers); the others an empty one."""
+        return {names("instruction"): "Add the two numbers.",
+                names("input"): f"{case.a} and {case.b}" if case.i % 2 else "", names("output"): case.answer}
+
+
+@register
+class Text(Format):
+    name = "text"
+    columns = ("prompt", "completion")
+
+    def convert(self, row: Row, names: Names) -> Row:
+        """A ``text`` field is all completion (the whole text is learned); else ``prompt`` + ``completion``."""
+        if row.get(names("text")) is None and row.get(names("completion")) is None:
+            raise RowError("missing_field", f"no {names('text')!r} field (nor {names('prompt')!r} and "
+                           f"{names('completion')!r})", names("text"))
+        if row.get(names("text")) is not None:
+            return {"prompt": "", "completion": text_of(row, names("text"))}
+        return {"prompt": text_of(row, names("prompt"), empty_ok=True),
+                "completion": text_of(row, names("completion"))}
+
+    def columnar(self, dataset: datasets.Dataset, names: Names) -> datasets.Dataset | None:
+        """Rows straight from Arrow when the ``text`` column is all non-blank strings (the common case of a
+        plain-text corpus): what ``convert`` would return for every row, without a Python call per row."""
+        field = names("text")
+        if field not in dataset.column_names or not _is_text(dataset.features[field]):
+            return None
+        column = dataset.with_format("arrow")[field]
+        if column.null_count or pc.any(pc.equal(pc.utf8_trim_whitespace(column), "")).as_py():
+            return None
+        canonical = dataset.select_columns([field, ROW]).rename_column(field, "completion")
+        canonical = canonical.add_column("prompt", pa.array([""] * len(canonical), pa.string()))
+        return canonical.select_columns(["prompt", "completion", ROW])
+
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """Prompt and completion when the source maps either of them, else one plain text."""
+        if "prompt" in names.fields or "completion" in names.fields:
+            return {names("prompt"): case.question, names("completion"): f" {case.answer}"}
+        return {names("text"): f"{case.question} {case.answer}"}
+
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str, str] | None:
+        """The prompt and its completion; a plain text row has no prompt, and no answer to score."""
+        return (row["prompt"], row["completion"]) if row["prompt"] else None
+
+
+@register
+class Preference(Format):
+    name = "preference"
+    columns = ("prompt", "chosen", "rejected")
+
+    def convert(self, row: Row, names: Names) -> Row:
+        out = {"prompt": _text_or_messages(row, names, "prompt", "empty_content"),
+               "chosen": _text_or_messages(row, names, "chosen", "empty_chosen"),
+               "rejected": _text_or_messages(row, names, "rejected", "empty_rejected")}
+        if len({isinstance(value, list) for value in out.values()}) > 1:
+            raise RowError("wrong_type", "prompt, chosen and rejected must be all text or all lists of messages, got "
+                           + ", ".join(f"{name}: {kind_of(value)}" for name, value in out.items()), names("prompt"))
+        if isinstance(out["chosen"], list):
+            _needs_assistant(out["chosen"], names("chosen"))
+            _needs_assistant(out["rejected"], names("rejected"))
+        return out
+
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """The right answer chosen, a wrong one rejected: messages when ``chat``, else texts."""
+        if chat:
+            return {names("prompt"): [names.message("user", case.question)],
+                    names("chosen"): [names.message("assistant", case.answer)],
+                    names("rejected"): [names.message("assistant", case.wrong)]}
+        return {names("prompt"): case.question, names("chosen"): f" {case.answer}", names("rejected"): f" {case.wrong}"}
+
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str | list, str]:
+        """The prompt and the ``chosen`` answer."""
+        return _prompt(row["prompt"]), _content(row["chosen"])
+
+
+@register
+class Prompt(Format):
+    name = "prompt"
+    columns = ("prompt",)
+    keeps_extra = True
+
+    def convert(self, row: Row, names: Names) -> Row:
+        """The prompt (text or messages) and every other field of the row, which reward functions receive."""
+        extra = {name: value for name, value in row.items() if name not in (names("prompt"), ROW)}
+        return {**extra, "prompt": _text_or_messages(row, names, "prompt", "empty_content")}
+
+    def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
+        """The question (a user message when ``chat``), and its answer in every field of ``answer_fields``."""
+        prompt = [names.message("user", case.question)] if chat else case.question
+        return {names("prompt"): prompt, **dict.fromkeys(answer_fields, case.answer)}
+
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str | list, str] | None:
+        """The prompt, and the row's ``field`` (``answer`` unless the setting names another); None without it."""
+        if row.get(field) is None:
+            return None
+        return _prompt(row["prompt"]), str(row[field])
 
 
 def _is_text(feature) -> bool:
     kind = getattr(feature, "pa_type", None)
     return kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind))
-
-
-@register("text", "prompt", "completion", columnar=_text_columns)
-def text(row: Row, names: Names) -> Row:
-    """A ``text`` field is all completion (the whole text is learned); else ``prompt`` + ``completion``."""
-    if row.get(names("text")) is None and row.get(names("completion")) is None:
-        raise RowError("missing_field", f"no {names('text')!r} field (nor {names('prompt')!r} and "
-                       f"{names('completion')!r})", names("text"))
-    if row.get(names("text")) is not None:
-        return {"prompt": "", "completion": text_of(row, names("text"))}
-    return {"prompt": text_of(row, names("prompt"), empty_ok=True), "completion": text_of(row, names("completion"))}
-
-
-@register("preference", "prompt", "chosen", "rejected")
-def preference(row: Row, names: Names) -> Row:
-    out = {"prompt": _text_or_messages(row, names, "prompt", "empty_content"),
-           "chosen": _text_or_messages(row, names, "chosen", "empty_chosen"),
-           "rejected": _text_or_messages(row, names, "rejected", "empty_rejected")}
-    if len({isinstance(value, list) for value in out.values()}) > 1:
-        raise RowError("wrong_type", "prompt, chosen and rejected must be all text or all lists of messages, got "
-                       + ", ".join(f"{name}: {kind_of(value)}" for name, value in out.items()), names("prompt"))
-    if isinstance(out["chosen"], list):
-        _needs_assistant(out["chosen"], names("chosen"))
-        _needs_assistant(out["rejected"], names("rejected"))
-    return out
-
-
-@register("prompt", "prompt", keeps_extra=True)
-def prompt(row: Row, names: Names) -> Row:
-    """The prompt (text or messages) and every other field of the row, which reward functions receive."""
-    extra = {name: value for name, value in row.items() if name not in (names("prompt"), ROW)}
-    return {**extra, "prompt": _text_or_messages(row, names, "prompt", "empty_content")}
 
 
 def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad_row: str,
@@ -150,7 +304,7 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     fmt, names = FORMATS[source.format], Names(source.fields, source.roles)
     if ROW not in dataset.column_names:
         dataset = dataset.add_column(ROW, list(range(len(dataset))))
-    fast = fmt.columnar(dataset, names) if fmt.columnar else None
+    fast = fmt.columnar(dataset, names)
     if fast is not None:
         return fast
     columns = fmt.output_columns(dataset.column_names, names)
@@ -249,3 +403,16 @@ def _messages(value: list, names: Names, field: str) -> list[dict]:
 def _needs_assistant(messages: list[dict], field: str) -> None:
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("no_assistant_turn", "has no assistant message to learn from", field)
+
+
+def _prompt(value):
+    """A prompt as exact match reads it: text, or its messages as ``{role, content}``."""
+    return value if isinstance(value, str) else [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _content(value) -> str:
+    """A completion's text: a string, or the content of its assistant messages."""
+    if isinstance(value, str):
+        return value
+    messages = [value] if isinstance(value, dict) else value
+    return "".join(m.get("content") or "" for m in messages if m.get("role", "assistant") == "assistant")

@@ -83,11 +83,10 @@ def streamed_train(recipe: Recipe, tokenizer, template: str | None, world_size: 
 
 
 def _features(format_name: str) -> datasets.Features:
-    """The canonical columns a format's rows stream as: chats, or prompt and completion texts."""
-    text = datasets.Value("string")
-    if format_name in ("chat", "instruction"):
-        return datasets.Features({"messages": [{"role": text, "content": text}]})
-    return datasets.Features({column: text for column in FORMATS[format_name].columns})
+    """The canonical columns a format's rows stream as: chats (``Format.conversations``), or texts."""
+    fmt, text = FORMATS[format_name], datasets.Value("string")
+    kind = [{"role": text, "content": text}] if fmt.conversations else text
+    return datasets.Features({column: kind for column in fmt.columns})
 
 
 def _canonical_rows(part: list[int], parts: int, source: DataSource, key: str, on_bad_row: str, report: BadRows,

@@ -3,13 +3,10 @@
 The end of ``ft train`` computes it when the recipe sets ``data.eval_exact_match`` (the quickstart recipes do): the
 first ``n`` rows of the held-out data (``data.eval``, or the setting's own ``source``, e.g. GRPO's held-out prompts),
 each a prompt and its expected answer, are answered greedily in batches, and an answer counts when its text, stripped
-of whitespace, equals the expected one. The held-out rows by format:
-
-- ``chat`` (and ``instruction``): the conversation up to its last assistant turn is the prompt, rendered with the
-  chat template; that turn's content is the expected answer;
-- ``preference``: the prompt, and the ``chosen`` answer;
-- ``prompt``: the prompt, and the row's ``answer`` field (``field:`` names another one);
-- ``text``: the ``prompt`` and its ``completion`` (a plain ``text`` row has no prompt and is left out).
+of whitespace, equals the expected one. Where a held-out row's prompt and expected answer are is its source's format's
+to say (``Format.prompt_and_answer`` in ``ft.data.formats``: a chat's conversation up to its last assistant turn and
+that turn, a preference pair's prompt and ``chosen`` answer, a prompt row's prompt and ``answer`` field, a text row's
+``prompt`` and ``completion``).
 
 A prompt given as messages is rendered with the chat template (as the trainers render it); a text prompt is
 continued as it is.
@@ -20,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..data.rows import BadRows, DataError
+from ..data.rows import SOURCE, BadRows, DataError
 
 EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 
@@ -77,27 +74,29 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
 def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
     """The first ``n`` held-out rows of ``recipe`` for ``data.eval_exact_match``: its ``source`` when set, else the
     recipe's evaluation data (its ``data.eval`` sources, or the rows ``split_ratio`` holds out). Raises DataError
-    when there are none."""
+    when there are none. Each row is read by its own source's format (rows keep their source's index)."""
     from ..data.build import read_splits
+    from ..data.formats import FORMATS
 
     settings = recipe.data.eval_exact_match
     field = settings.field if settings is not None else "answer"
     if settings is not None and settings.source is not None:
-        key = "data.eval_exact_match.source"
-        dataset = _rows(recipe, [settings.source], [key])
+        key, sources = "data.eval_exact_match.source", [settings.source]
+        dataset = _rows(recipe, sources, [key])
     elif recipe.data.eval_sources:
         key, sources = "data.eval", recipe.data.eval_sources
         dataset = _rows(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))])
     elif recipe.data.has_eval:  # split_ratio: the training rows it holds out
-        key, dataset = "data.eval", read_splits(recipe, _quiet)[1]
+        key, sources, dataset = "data.eval", recipe.data.train, read_splits(recipe, _quiet)[1]
     else:
         raise DataError("data.eval_exact_match: the recipe has no held-out data to score; give `data.eval` or "
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
+    formats = [FORMATS[source.format] for source in sources]
     rows = []
     for row in dataset:
-        held = _held_out(row, field)
+        held = formats[row[SOURCE]].prompt_and_answer(row, field)
         if held is not None:
-            rows.append(held)
+            rows.append(HeldOut(*held))
             if n is not None and len(rows) == n:
                 break
     if not rows:
@@ -181,35 +180,6 @@ def _rows(recipe, sources, keys: list[str]):
     finally:
         if shown:
             datasets.enable_progress_bars()
-
-
-def _held_out(row: dict, field: str) -> HeldOut | None:
-    if "messages" in row:  # chat, instruction
-        messages = row["messages"]
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-        if not last:
-            return None
-        return HeldOut([{"role": m["role"], "content": m["content"]} for m in messages[:last]],
-                       _content(messages[last]))
-    if "chosen" in row:  # preference
-        return HeldOut(_prompt(row["prompt"]), _content(row["chosen"]))
-    if "completion" in row:  # text
-        return HeldOut(row["prompt"], row["completion"]) if row["prompt"] else None
-    if field in row and row[field] is not None:  # prompt
-        return HeldOut(_prompt(row["prompt"]), str(row[field]))
-    return None
-
-
-def _prompt(value):
-    return value if isinstance(value, str) else [{"role": m["role"], "content": m["content"]} for m in value]
-
-
-def _content(value) -> str:
-    """A completion's text: a string, or the content of its assistant messages."""
-    if isinstance(value, str):
-        return value
-    messages = [value] if isinstance(value, dict) else value
-    return "".join(m.get("content") or "" for m in messages if m.get("role", "assistant") == "assistant")
 
 
 def _rendered(tokenizer, prompt) -> str:

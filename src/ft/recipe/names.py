@@ -3,7 +3,8 @@
 Validation must not import torch, datasets or TRL, so the schema cannot read the registries that implement these
 names (``ft.data.formats.FORMATS``, ``ft.trainers.metrics.METRICS``, ``ft.trainers.callbacks.BUILTIN``,
 ``ft.trainers.rewards.BUILTINS``). The names live here instead, and ``tests/test_methods.py`` checks that each list
-equals its registry's keys, so neither can gain or lose a name alone.
+equals its registry's keys, so neither can gain or lose a name alone; ``ft.data.formats.register`` also refuses a
+format whose name is not in ``FORMATS`` here, when it is registered.
 """
 
 from __future__ import annotations
