@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import ASSETS, run_ft, tiny_sft
+from conftest import ASSETS, DATA, run_ft, tiny_sft
 
 TOKEN = "hf_reader"
 ROUTES = {  # auth-check path -> (status, headers) as the Hub answers it
@@ -116,6 +116,30 @@ def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub
     assert result.returncode == 2 and "data.train.0.path" in result.stderr
     assert "the Hub has no dataset 'org/rows'" in result.stderr
     assert hub.asked == [("/api/datasets/org/rows/auth-check", None)]
+
+
+@pytest.mark.parametrize(("method", "section", "reads"), [
+    ("dpo", {"ref_model": "org/ref"}, [("dpo.ref_model", "org/ref")]),
+    ("dpo", {"ref_model": str(ASSETS)}, []),  # a directory is read from disk
+    ("grpo", {"rewards": [{"model": "org/rm", "dtype": "bfloat16"}, {"name": "exact_match"}, {"model": str(ASSETS)},
+                          {"model": "org/rm2"}]},
+     [("grpo.rewards.0.model", "org/rm"), ("grpo.rewards.3.model", "org/rm2")]),
+    ("rloo", {"rewards": [{"name": "exact_match"}, {"model": "org/rm"}]}, [("rloo.rewards.1.model", "org/rm")]),
+])
+def test_the_models_a_method_section_declares_are_read_from_the_hub_under_their_keys(write_recipe, tmp_path, method,
+                                                                                  section, reads):
+    """Besides model.name, every model the method's section declares (``MethodSection.models``: a reference, reward
+    models) that names a Hub repository is asked for, under its own key, in recipe order."""
+    from ft.recipe import load_recipe
+    from ft.run.hub import hub_reads
+
+    recipe = tiny_sft(tmp_path / "out", max_steps=1)
+    data = {"dpo": ("preference.jsonl", "preference")}.get(method, ("prompts.jsonl", "prompt"))
+    recipe.update(method=method, data={"train": [{"path": str(DATA / data[0]), "format": data[1]}]})
+    recipe[method] = section
+    found = hub_reads(load_recipe(write_recipe(recipe)).recipe)
+    assert [(read.key, read.repo_id) for read in found] == reads
+    assert all(read.kind == "model" and read.revision is None for read in found)
 
 
 @pytest.mark.parametrize("endpoint", ["closed", "503"])

@@ -4,6 +4,7 @@ its trainer module. Read from the source itself (``ast``), so a new module is ch
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -293,6 +294,18 @@ def test_a_new_method_entry_reaches_every_table():
     result = subprocess.run([sys.executable, "-c", NEW_METHOD], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_method_with_a_teacher_model_reaches_the_hub_check_plan_smoke_and_its_trainer(tmp_path):
+    """TRL's GKD shape, a section with a teacher model declared through ``MethodSection.models`` and three TRL fields,
+    registered from outside ft with its trainer module (``Method.trainer``): the Hub check asks for the teacher,
+    ``ft plan`` counts its weights at its own shape, the smoke run puts the tiny model in its place and trains, and
+    TRL's GKDTrainer is built with it, with no file of ft edited (``tests/new_method_gkd.py``)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "new_method_gkd.py"), str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

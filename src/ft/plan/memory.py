@@ -8,10 +8,13 @@ The peak is the largest of three moments of a training step:
 - backward: the same activations, the loss's gradient buffers and the first (LM head) gradients;
 - optimizer step: weights, state, every gradient and the update's temporaries.
 
-Gradients are held through the forward and backward only with gradient accumulation; otherwise the Trainer frees
-them after each step. What no formula here knows (allocator fragmentation, the CUDA context, library workspaces,
-FSDP/DeepSpeed sharding) is left out and said so. The constants the model counts with live here, and the code whose
-memory they describe reads them from here (``ENTROPY_CHUNK``: ``ft.trainers.token_metrics``).
+Gradients are held through the forward and backward only with gradient accumulation; otherwise the Trainer frees them
+after each step. Beside the policy, the frozen models the method holds: a reference (a copy of the start model, or the
+one its section declares, at the policy's shape), and each other causal LM its section declares
+(``MethodSection.models``: a teacher), at its own shape read from its own config, in its own dtype. A reward model's
+memory is not counted, as the generation it scores is not. What no formula here knows (allocator fragmentation, the CUDA
+context, library workspaces, FSDP/DeepSpeed sharding) is left out and said so. The constants the model counts with live
+here, and the code whose memory they describe reads them from here (``ENTROPY_CHUNK``: ``ft.trainers.token_metrics``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from dataclasses import dataclass, replace
 
 from ..machine.hardware import Hardware, device_defaults
 from ..recipe import Recipe
-from ..recipe.methods import METHODS
+from ..recipe.methods import METHODS, ExtraModel, models_of
 from ..recipe.optimizers import traits
-from .shape import DTYPE_BYTES, Linear, Shape
+from .shape import DTYPE_BYTES, Linear, PlanError, Shape, read_shape
 
 ENTROPY_CHUNK = 2**25  # float32 values per chunk of the token metrics' entropy: three such chunks are counted here
 TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.kernels.chunked_logprob)
@@ -68,7 +71,8 @@ class Setup:
     attention: str
     full_logits: bool  # the loss builds batch × length × vocab logits (else TRL's fused LM head)
     metrics_on_logits: bool  # ft's CPU SFT path also measures entropy and accuracy on those logits
-    reference: bool  # a frozen copy of the weights (DPO/KTO full fine-tuning)
+    reference: bool  # a frozen copy of the weights (DPO/KTO full fine-tuning, or the reference the section declares)
+    frozen: tuple[Frozen, ...] = ()  # the other frozen models the method's section declares (a teacher)
 
     @property
     def sequences(self) -> int:
@@ -101,10 +105,42 @@ class Setup:
         return self.optimizer in ("lomo", "adalomo") or traits(self.optimizer).layerwise
 
 
+@dataclass(frozen=True)
+class Frozen:
+    """A model the method holds beside the policy with no gradients, as its section declares it: its recipe ``key``,
+    its ``role``, its ``shape`` (from its own config) and the ``dtype`` its weights load in."""
+
+    key: str
+    role: str
+    shape: Shape
+    dtype: str
+
+
+def frozen_models(recipe: Recipe) -> tuple[Frozen, ...]:
+    """The causal LMs the method's section declares (``MethodSection.models``) other than its reference (counted as
+    a copy of the policy, ``Setup.reference``), each with its shape read from its own config, in the dtype it loads in:
+    its declared one, else its checkpoint's (transformers' ``dtype="auto"``), else float32. A reward model is not
+    counted (see the module's docstring). Raises PlanError naming the model's recipe key when its config cannot be
+    read."""
+    declared = models_of(recipe)
+    return tuple(_frozen(recipe, extra) for extra in declared if not extra.scores and extra.role != "reference")
+
+
+def _frozen(recipe: Recipe, extra: ExtraModel) -> Frozen:
+    section = recipe.model.model_copy(update={"name": extra.name, "revision": None, "gguf_file": None,
+                                              "init": "pretrained", "quantization": None})
+    try:
+        shape = read_shape(recipe.model_copy(update={"model": section}))
+    except PlanError as exc:  # its message names the recipe's model.name: this model has a key of its own
+        raise PlanError(str(exc).replace("model.name", extra.key, 1)) from None
+    return Frozen(extra.key, extra.role, shape, extra.dtype or shape.dtype or "float32")
+
+
 def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1) -> Setup:
     """ft's view of the recipe on ``gpus`` devices of kind ``device``: the recipe's keys, then ft's defaults for
     the device (``ft.machine.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a
-    CPU), then TRL's."""
+    CPU), then TRL's. The reference is held when the section declares one (``ft.trainers.reference`` loads it
+    whatever the adapter), else as the method's copy of the start model (full fine-tuning, not precomputed)."""
     hw = Hardware(cuda=device == "cuda", bf16=True, devices=gpus, name=device)
     train = {**device_defaults(recipe, hw), **recipe.train_args}
     checkpointing = train.get("activation_checkpointing")
@@ -132,7 +168,9 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1)
         optim_targets=tuple(opt.target_modules) if opt.target_modules else None, adapter=lora,
         attention=model.attn_implementation or "sdpa", full_logits=device == "cpu" or not fused_loss,
         metrics_on_logits=device == "cpu" and fused_loss,
-        reference=method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs"))
+        reference=any(extra.role == "reference" for extra in models_of(recipe)) or (
+            method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs")),
+        frozen=frozen_models(recipe))
 
 
 # --- parameters ---------------------------------------------------------------------------------------------------
@@ -430,6 +468,12 @@ class Estimate:
         return sum(p.at_peak for p in self.parts)
 
 
+def frozen_bytes(model: Frozen, s: Setup) -> float:
+    """The weights of a frozen model beside the policy: every parameter of its shape (as ``parameters`` counts a full
+    model's, neither adapted nor quantized) in its own dtype."""
+    return sum(p.size for p in parameters(model.shape, replace(s, adapter=None, bits=None, dtype=model.dtype)))
+
+
 def estimate(shape: Shape, s: Setup) -> Estimate:
     params = parameters(shape, s)
     trainable = [p for p in params if p.trainable]
@@ -459,10 +503,12 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     grads_held = grads if step else in_pass + (head_grad if bwd and head_wins else 0.0)
     ddp = grads if s.gpus > 1 else 0.0  # DDP's gradient buckets, a second copy of the gradients
     ref = sum(p.size for p in params if p.kind != "adapter") if s.reference else 0.0
+    frozen = [(f"{model.role} model {model.key} (frozen)", frozen_bytes(model, s)) for model in s.frozen]
     dtype = f"{s.bits}-bit base" if s.bits else s.dtype
     parts = [
         Part(f"weights ({dtype})", weights, weights),
         Part("reference model (frozen copy)", ref, ref),
+        *(Part(name, size, size) for name, size in frozen),
         Part("gradients" + (" (none kept: updated in backward)" if s.fused_update else ""), grads or largest,
              grads_held),
         Part(f"optimizer state ({s.optimizer})", state, state),

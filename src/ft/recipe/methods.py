@@ -12,6 +12,12 @@ keeps a list of methods of its own.
 Each section's fields map onto the method's TRL config fields (``CONFIG_FIELDS``): those TRL fields are rejected
 under ``train:`` with a pointer to the section, so every setting has exactly one home, and the method's builder
 in ``ft.trainers`` passes each one on. Defaults are TRL's own, read from the generated field table.
+
+A section also declares what the rest of ft must know of it without reading its field names: the models the method
+loads besides the policy (``MethodSection.models``: a reference, reward models, a teacher, each an ``ExtraModel``
+under its recipe key), which the Hub check, ``--smoke``, the trainers' hooks and ``ft plan`` read; and, for a method
+that samples completions while training, how it batches them (``MethodSection.generation``: a ``Generation``), which
+the rules, the preflight, ``--smoke`` and the trainers read.
 """
 
 from __future__ import annotations
@@ -56,21 +62,105 @@ def one_of_documented(method: str, name: str):
     return field_validator(name)(check)
 
 
+@dataclass(frozen=True)
+class ModelRole:
+    """What a model a method loads besides the policy is to it: ``what`` names it in messages (``the reference
+    model``), and ``scores`` says how it loads: a sequence classifier with one score
+    (``AutoModelForSequenceClassification``: a reward model), else a causal LM (``AutoModelForCausalLM``)."""
+
+    what: str
+    scores: bool = False
+
+    @property
+    def auto_class(self) -> str:
+        """The transformers auto class it loads as (``MODEL_CLASSES``, for a text model)."""
+        return MODEL_CLASSES[("scores" if self.scores else "writes", "text")]
+
+
+ROLES: dict[str, ModelRole] = {
+    "reference": ModelRole("the reference model"),  # the KL term's anchor (DPO's ``ref_model``)
+    "reward": ModelRole("a reward model", scores=True),  # scores sampled completions (GRPO/RLOO ``rewards[].model``)
+    "teacher": ModelRole("the teacher model"),  # distillation's target distribution (TRL's GKD ``teacher_model``)
+}
+
+
+@dataclass(frozen=True)
+class ExtraModel:
+    """A model a method loads besides the one it trains, as its section declares it (``MethodSection.models``):
+    its recipe ``key`` (``dpo.ref_model``, ``grpo.rewards.0.model``), its ``name`` (a hub id, or a path already
+    resolved against the recipe's folder), its ``role`` (a key of ``ROLES``) and the ``dtype`` it runs in (None:
+    as its loader decides; a reward model's ``dtype:``)."""
+
+    key: str
+    name: str
+    role: str
+    dtype: str | None = None
+
+    @property
+    def scores(self) -> bool:
+        """It loads as a sequence classifier with one score (a reward model), not as a causal LM."""
+        return ROLES[self.role].scores
+
+    @property
+    def auto_class(self) -> str:
+        return ROLES[self.role].auto_class
+
+    @property
+    def what(self) -> str:
+        return ROLES[self.role].what
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How a method that samples completions while training (GRPO, RLOO) batches them, as its section declares it
+    (``MethodSection.generation``): ``num_generations`` completions per prompt, each at most
+    ``max_completion_length`` tokens; one round serves ``steps_per_generation`` optimizer steps or holds
+    ``generation_batch_size`` completions (at most one is set; neither: TRL's ``gradient_accumulation_steps``); the
+    ``rewards`` score them. ``at`` is the section's recipe key: each figure is set there under its own name
+    (``key``)."""
+
+    at: str
+    num_generations: int
+    max_completion_length: int
+    steps_per_generation: int | None = None
+    generation_batch_size: int | None = None
+    rewards: tuple[RewardSpec, ...] = ()
+
+    def key(self, name: str) -> str:
+        """The recipe key of the figure ``name`` (``grpo.num_generations``)."""
+        return f"{self.at}.{name}"
+
+
 class MethodSection(Section):
     """A method's own settings. ``CONFIG_FIELDS`` (section field -> TRL config field) are the TRL fields it owns:
     they are refused under ``train:`` with a pointer here, and the method's builder passes each one on.
     ``CONFIG_MOVED`` names more TRL fields refused under ``train:`` whose value comes from elsewhere. A section with
-    required keys must be written when its method is chosen (``EXAMPLE`` shows them in that error)."""
+    required keys must be written when its method is chosen (``EXAMPLE`` shows them in that error).
+
+    ``models`` and ``generation`` are what the rest of ft reads of a section besides its TRL fields: a new method
+    with a teacher, a judge or its own way of sampling declares them here, and the Hub check, ``--smoke``, the hooks,
+    ``ft plan``, the rules and the preflight follow without naming its fields. ``GENERATES`` says, from the class
+    alone, whether ``generation`` returns one (``Method.generates`` reads it)."""
 
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {}
     CONFIG_MOVED: ClassVar[dict[str, str]] = {}
     EXAMPLE: ClassVar[str] = ""  # a value for the section's required keys, for the error when the section is missing
+    GENERATES: ClassVar[bool] = False  # its method samples completions while training: ``generation`` says how
 
     def problems(self, effective: Callable[[str], Any]) -> list[tuple[str, str]]:
         """(recipe key, why) for each of this section's settings that does not fit the recipe's ``train:`` values
         (``effective(name)``: the value the trainer will see). Checked with the recipe (``rules``), where TRL checks
         only once the model is loaded."""
         return []
+
+    def models(self, at: str) -> tuple[ExtraModel, ...]:
+        """The models the method loads besides the policy, in the order it loads them, each under its recipe key
+        (``at``: this section's key, the method's name). None by default."""
+        return ()
+
+    def generation(self, at: str) -> Generation | None:
+        """How the method samples completions (``at``: this section's key); None for a method that does not."""
+        return None
 
 
 class DpoSection(MethodSection):
@@ -84,6 +174,11 @@ class DpoSection(MethodSection):
 
     resolve_ref = field_validator("ref_model")(resolve_input_path)
     known_loss = one_of_documented("dpo", "loss_type")
+
+    def models(self, at: str) -> tuple[ExtraModel, ...]:
+        """``ref_model`` when set (unset: a copy of the start model or the base with the adapter off, no model of
+        its own: ``ft.trainers.reference``)."""
+        return (ExtraModel(f"{at}.ref_model", self.ref_model, "reference"),) if self.ref_model else ()
 
     F_DIVERGENCE_LOSSES: ClassVar[tuple[str, ...]] = ("sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "robust",
                                                       "discopop", "sft")
@@ -134,6 +229,10 @@ class RewardSpec(BuiltinOrUser):
     checked_fn = field_validator("fn")(check_reference)
     resolve_model = field_validator("model")(resolve_input_path)
 
+    def model_at(self, key: str) -> ExtraModel | None:
+        """This reward's model, declared under ``key`` (``grpo.rewards.0``): None for a function."""
+        return ExtraModel(f"{key}.model", self.model, "reward", self.dtype) if self.model is not None else None
+
     @model_validator(mode="after")
     def no_args_for_a_model(self):
         if self.model is not None and self.args:
@@ -171,6 +270,17 @@ def generation_section(method: str) -> type[MethodSection]:
         beta: Number = Field(trl_default(method, "beta"), ge=0, description="KL coefficient (0: no reference model).")
         rewards: list[RewardSpec] = Field(min_length=1, description="Rewards (built-ins, functions, reward models), "
                                           "summed with their weights.")
+
+        GENERATES: ClassVar[bool] = True
+
+        def models(self, at: str) -> tuple[ExtraModel, ...]:
+            """The reward models among the rewards, in recipe order."""
+            found = (spec.model_at(f"{at}.rewards.{i}") for i, spec in enumerate(self.rewards))
+            return tuple(model for model in found if model is not None)
+
+        def generation(self, at: str) -> Generation:
+            return Generation(at, self.num_generations, self.max_completion_length, self.steps_per_generation,
+                              self.generation_batch_size, tuple(self.rewards))
 
     return GenerationSection
 
@@ -261,7 +371,7 @@ class Method:
     ft_tokenizes: bool  # True: ft tokenizes and masks the rows itself; False: TRL's trainer tokenizes canonical rows
     headlines: tuple[Headline, ...] = ()  # summary.json's headline and the console's training line, in this order
     reads: frozenset[str] = frozenset()  # the keys of ``ONLY_SOME`` this method reads
-    generates: bool = False  # samples completions while training: its batches count completions, rewards score them
+    trainer: str = ""  # the module with its ``config`` and ``build`` ("": ``ft.trainers.<name>``, as every shipped one)
     sequences_per_row: int = 1  # sequences one row puts through the model together (chosen and rejected: 2)
     reference_copy: bool = False  # a full fine-tune keeps a frozen copy of the start model as its reference
     fused_lm_head: bool = False  # on an accelerator TRL scores the LM head in tiles, never the full logits
@@ -284,6 +394,12 @@ class Method:
         """PEFT's task type for the adapter of its model."""
         return PEFT_TASKS[self.output]
 
+    @property
+    def generates(self) -> bool:
+        """It samples completions while training: its batches count completions, rewards score them. Its section
+        says so (``MethodSection.GENERATES``) and declares how (``MethodSection.generation``)."""
+        return self.section is not None and self.section.GENERATES
+
 
 _ACCURACY = Headline("reward_accuracy", "rewards/accuracies", "acc")
 _MARGIN = Headline("reward_margin", "rewards/margins", "margin")
@@ -295,13 +411,13 @@ METHODS: dict[str, Method] = {
     "dpo": Method(DpoSection, ("preference",), "trl:DPOConfig", ft_tokenizes=False, headlines=(_ACCURACY, _MARGIN),
                   sequences_per_row=2, reference_copy=True, axolotl=("dpo", "ipo")),
     "grpo": Method(GrpoSection, ("prompt",), "trl:GRPOConfig", ft_tokenizes=False,
-                   headlines=(Headline("reward", "reward", "reward"),), generates=True, axolotl=("grpo", "gdpo")),
+                   headlines=(Headline("reward", "reward", "reward"),), axolotl=("grpo", "gdpo")),
     "kto": Method(KtoSection, ("preference",), "trl:KTOConfig", ft_tokenizes=False, headlines=(_MARGIN,),
                   reference_copy=True, axolotl=("kto",)),
     "orpo": Method(OrpoSection, ("preference",), "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False,
                    headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",)),
     "rloo": Method(RlooSection, ("prompt",), "trl:RLOOConfig", ft_tokenizes=False,
-                   headlines=(Headline("reward", "reward", "reward"),), generates=True),
+                   headlines=(Headline("reward", "reward", "reward"),)),
     "reward": Method(None, ("preference",), "trl:RewardConfig", ft_tokenizes=False,
                      headlines=(Headline("pair_accuracy", "accuracy", "acc"), Headline("reward_margin", "margin",
                                                                                         "margin")),
@@ -317,6 +433,21 @@ def moved_to_method_section(method: str) -> dict[str, str]:
         return {}
     moved = {trl: f"{method}.{field}" for field, trl in section.CONFIG_FIELDS.items()}
     return {**moved, **section.CONFIG_MOVED}
+
+
+def models_of(recipe) -> tuple[ExtraModel, ...]:
+    """The models ``recipe`` (a ``Recipe``) loads besides the policy, as its method's section declares them
+    (``MethodSection.models``); none when the method has no section or the recipe left it out (its defaults name
+    none)."""
+    section = recipe.method_section
+    return section.models(recipe.method) if section is not None else ()
+
+
+def generation_of(recipe) -> Generation | None:
+    """How ``recipe``'s method samples completions (``MethodSection.generation``); None when it does not (a generating
+    method's section is required: the rules refuse a recipe without one)."""
+    section = recipe.method_section
+    return section.generation(recipe.method) if section is not None else None
 
 
 def readers(key: str) -> list[str]:

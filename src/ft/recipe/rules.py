@@ -18,7 +18,7 @@ from .data_section import SplitRatio
 from .distributed import deepspeed_config_file
 from .errors import Problem, did_you_mean
 from .hub import HUB_SETTINGS, PUSHING
-from .methods import METHOD_SECTIONS, METHODS, readers
+from .methods import METHOD_SECTIONS, METHODS, generation_of, readers
 from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
 from .processes import (
     Processes,
@@ -516,21 +516,21 @@ def method_section_when_required(recipe: Recipe) -> list[Problem]:
 @rule
 def generation_batch_divides(recipe: Recipe) -> list[Problem]:
     """GRPO: "The effective batch size … must be evenly divisible by num_generations": each generation round holds
-    whole groups of completions for the same prompt (every method that ``generates``)."""
-    section, name = recipe.method_section, recipe.method
-    if not METHODS[name].generates or section is None:
+    whole groups of completions for the same prompt (every method whose section declares a ``generation``)."""
+    gen = generation_of(recipe)
+    if gen is None:
         return []
-    if section.generation_batch_size and section.steps_per_generation:
-        return error(f"{name}.generation_batch_size", "set either `generation_batch_size` or "
+    if gen.generation_batch_size and gen.steps_per_generation:
+        return error(gen.key("generation_batch_size"), "set either `generation_batch_size` or "
                      "`steps_per_generation`, not both.")
     per_device = recipe.effective("per_device_train_batch_size")
-    steps = section.steps_per_generation or recipe.effective("gradient_accumulation_steps")
-    batch = section.generation_batch_size or per_device * steps
-    key = f"{name}.generation_batch_size" if section.generation_batch_size else f"{name}.num_generations"
-    if batch % section.num_generations:
+    steps = gen.steps_per_generation or recipe.effective("gradient_accumulation_steps")
+    batch = gen.generation_batch_size or per_device * steps
+    key = gen.key("generation_batch_size" if gen.generation_batch_size else "num_generations")
+    if batch % gen.num_generations:
         return error(key, f"the generation batch ({batch} = per_device_train_batch_size {per_device} × "
                      f"{steps} steps per generation on one process) must be divisible by "
-                     f"num_generations ({section.num_generations}).")
+                     f"num_generations ({gen.num_generations}).")
     return []
 
 
@@ -550,17 +550,17 @@ def checkpoints_end_generation_rounds(recipe: Recipe) -> list[Problem]:
     round of generated completions, a buffer no checkpoint holds: a run resumed from a checkpoint inside a round
     generates the rest of it anew, and continues on another trajectory than the uninterrupted run. (ft's own stop on
     a signal waits for a round's end.)"""
-    section, name = recipe.method_section, recipe.method
-    if not METHODS[name].generates or section is None or not section.steps_per_generation:
+    gen = generation_of(recipe)
+    if gen is None or not gen.steps_per_generation:
         return []
     save_steps, accumulation = recipe.effective("save_steps"), recipe.effective("gradient_accumulation_steps")
     iterations = recipe.effective("num_iterations")
     if recipe.effective("save_strategy") != "steps" or save_steps < 1:  # a fraction of the run: its steps vary
         return []
-    if (save_steps * accumulation) % (section.steps_per_generation * iterations) == 0:
+    if (save_steps * accumulation) % (gen.steps_per_generation * iterations) == 0:
         return []
     return warning("train.save_steps", f"({save_steps:g} steps of {accumulation} micro-batches) does not end a "
-                   f"generation round ({name}.steps_per_generation {section.steps_per_generation} × num_iterations "
+                   f"generation round ({gen.key('steps_per_generation')} {gen.steps_per_generation} × num_iterations "
                    f"{iterations} micro-batches): a run resumed from a checkpoint inside a round generates the rest "
                    "of the round anew, and does not end where the uninterrupted run ends. Make save_steps end rounds.")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..recipe import Problem, Recipe
 from ..recipe.errors import first_line
 from ..recipe.hub import pushing_keys
+from ..recipe.methods import models_of
 
 FIX = ("set the `HF_TOKEN` environment variable to a write token (https://huggingface.co/settings/tokens) or run "
        "`hf auth login` on this machine")
@@ -108,7 +109,8 @@ class HubRead:
 
 def hub_reads(recipe: Recipe) -> list[HubRead]:
     """Every Hub repository ``ft train`` will read for ``recipe``: the model (its GGUF file), an adapter to continue,
-    the method's reference and reward models, and the data sources that are Hub datasets."""
+    the models the method's section declares (``MethodSection.models``: a reference, reward models, a teacher), and
+    the data sources that are Hub datasets."""
     from ..data.sources import source_kind
     from ..model.loading import names_a_path
 
@@ -121,12 +123,7 @@ def hub_reads(recipe: Recipe) -> list[HubRead]:
         reads.append(HubRead("model.name", model.name, "model", model.revision, model.gguf_file or "config.json"))
     if adapter is not None and hub(getattr(adapter, "path", None)):
         reads.append(HubRead("adapter.path", adapter.path, "model", None, "adapter_config.json"))
-    section = getattr(recipe, recipe.method, None)
-    if hub(getattr(section, "ref_model", None)):
-        reads.append(HubRead(f"{recipe.method}.ref_model", section.ref_model, "model"))
-    for i, reward in enumerate(getattr(section, "rewards", None) or []):
-        if hub(getattr(reward, "model", None)):
-            reads.append(HubRead(f"{recipe.method}.rewards.{i}.model", reward.model, "model"))
+    reads += [HubRead(extra.key, extra.name, "model") for extra in models_of(recipe) if hub(extra.name)]
     for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources)):
         for i, source in enumerate(sources):
             if source_kind(source) == "hub":

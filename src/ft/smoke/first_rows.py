@@ -12,6 +12,7 @@ import csv
 import json
 from pathlib import Path
 
+from ..data.formats import FORMATS, Names
 from ..data.sources import source_kind
 from ..recipe import Recipe
 from ..recipe.data_section import DataSource
@@ -125,55 +126,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def generated(source: DataSource, split: str, count: int, recipe: Recipe, chat: bool) -> list[dict]:
-    """``count`` arithmetic rows in ``source.format``, laid out as the source's ``fields:`` and ``roles:`` say its
-    rows are (so the mapping is exercised); prompt rows carry every field the built-in rewards read."""
-    names = source.fields.get
-    roles: dict[str, str] = {}
-    for theirs, canonical in source.roles.items():
-        roles.setdefault(canonical, theirs)
-
-    def message(role: str, content: str) -> dict:
-        return {names("role", "role"): roles.get(role, role), names("content", "content"): content}
-
-    fields = reward_fields(recipe)
+    """``count`` arithmetic rows in ``source.format`` (its ``Format.example_rows``), laid out as the source's
+    ``fields:`` and ``roles:`` say its rows are (so the mapping is exercised); prompt rows carry every field the
+    rewards read. Evaluation rows ask other sums than training rows."""
     start = 0 if split == "train" else 1000
-    out = []
-    for i in range(start, start + count):
-        a, b = (7 * i + 3) % 50, (13 * i + 5) % 50
-        question, answer, wrong = f"What is {a} + {b}?", str(a + b), str(a + b + 1 + i % 5)
-        if source.format == "chat":
-            turns = [message("user", question), message("assistant", answer)]
-            if i % 3 == 2:
-                turns += [message("user", f"And {a} - {b}?"), message("assistant", str(a - b))]
-            out.append({names("messages", "messages"): turns})
-        elif source.format == "instruction":
-            out.append({names("instruction", "instruction"): "Add the two numbers.",
-                        names("input", "input"): f"{a} and {b}" if i % 2 else "",
-                        names("output", "output"): answer})
-        elif source.format == "text":
-            if "prompt" in source.fields or "completion" in source.fields:
-                out.append({names("prompt", "prompt"): question, names("completion", "completion"): f" {answer}"})
-            else:
-                out.append({names("text", "text"): f"{question} {answer}"})
-        elif source.format == "preference":
-            if chat:
-                out.append({names("prompt", "prompt"): [message("user", question)],
-                            names("chosen", "chosen"): [message("assistant", answer)],
-                            names("rejected", "rejected"): [message("assistant", wrong)]})
-            else:
-                out.append({names("prompt", "prompt"): question, names("chosen", "chosen"): f" {answer}",
-                            names("rejected", "rejected"): f" {wrong}"})
-        else:  # prompt (GRPO)
-            prompt = [message("user", question)] if chat else question
-            out.append({names("prompt", "prompt"): prompt, **dict.fromkeys(fields, answer)})
-    return out
+    return FORMATS[source.format].example_rows(count, Names(source.fields, source.roles), start=start, chat=chat,
+                                               answer_fields=reward_fields(recipe))
 
 
 def reward_fields(recipe: Recipe) -> list[str]:
     """The row fields the rewards of a generating method (GRPO) read: the built-ins' ``field`` (``answer`` by
-    default), and ``answer`` for user functions (which fields those read cannot be known)."""
+    default), and ``answer`` for user functions (which fields those read cannot be known). The rewards are those the
+    method's section declares for its generation (``MethodSection.generation``)."""
+    from ..recipe.methods import generation_of
+
+    generation = generation_of(recipe)
     fields = ["answer"]
-    for spec in getattr(recipe.method_section, "rewards", None) or []:
+    for spec in generation.rewards if generation is not None else ():
         if spec.name in ("exact_match", "numeric_match"):
             fields.append(str(spec.args.get("field", "answer")))
     return list(dict.fromkeys(fields))

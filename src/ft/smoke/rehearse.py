@@ -11,10 +11,11 @@ rules, callbacks, loss, metrics and rewards.
 
 - Model: a tiny random model of the recipe's family (``smoke.tiny_model``: the real config shrunk, or a shipped
   family asset). A model.name that is a run's output not written yet (``../runs/quickstart/final``) is looked up
-  among the recipes next to this one. Random weights are saved in ``inputs/model``: ``init: pretrained`` loads them,
-  and so does a DPO ``ref_model``.
-- Reward models (``rewards: [{model: ...}]``): a tiny random sequence classifier of the reward model's family, with
-  its real tokenizer and chat template, looked up like the model when a recipe here writes it.
+  among the recipes next to this one. Random weights are saved in ``inputs/model``: ``init: pretrained`` loads them.
+- The models the method's section declares (``MethodSection.models``), each under its recipe key: one that loads as
+  a causal LM (a DPO ``ref_model``, a teacher) is the tiny model too, in ``inputs/model``; a reward model
+  (``rewards: [{model: ...}]``) is a tiny random sequence classifier of its family, with its real tokenizer and chat
+  template, looked up like the model when a recipe here writes it.
 - Data: each source's first ``ROWS`` rows (``smoke.first_rows``; copied to ``inputs/data`` when it has more; errors
   about a copy name the original file and line), or rows generated in its format when it cannot be read.
 - Machine: what a GPU recipe sets that this CPU cannot run (bf16/fp16, flash attention, Liger kernels, 4-bit
@@ -40,7 +41,7 @@ from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError, load_recipe
 from ..recipe.errors import first_line
 from ..recipe.hub import HUB_SETTINGS, PUSHING
 from ..recipe.load import validate
-from ..recipe.methods import METHODS
+from ..recipe.methods import METHODS, ExtraModel, generation_of, models_of
 from ..recipe.optimizers import PACKAGES, traits
 from ..recipe.schema import ModelSection
 from . import first_rows, tiny_model
@@ -148,7 +149,7 @@ def prepare(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> Smoke:
     _size(edits, recipe)
     _outputs(edits, recipe, out)
     model, tokenizer = _model(edits, loaded, base_dir, out / "inputs" / "model")
-    _reward_models(edits, loaded, base_dir, out / "inputs")
+    _extra_models(edits, loaded, base_dir, out / "inputs")
     copies = _data(edits, recipe, out / "inputs" / "data", tokenizer)
     smoke_recipe, warnings = validate(edits.raw, loaded.locations, base_dir=base_dir, source=str(loaded.source))
     known = {w.render() for w in loaded.warnings}
@@ -328,11 +329,9 @@ def _size(edits: _Edits, recipe: Recipe) -> None:
         edits.set("train.save_steps", STEPS, "one checkpoint, at the last step")
     if recipe.data.num_proc:
         edits.set("data.num_proc", _UNSET, "a few dozen rows tokenize faster in one process")
-    section = recipe.method_section
-    if generates:
-        length = section.max_completion_length if section is not None else None
-        if length is None or length > MAX_COMPLETION:
-            edits.set(f"{recipe.method}.max_completion_length", MAX_COMPLETION, "short completions")
+    generation = generation_of(recipe)
+    if generation is not None and generation.max_completion_length > MAX_COMPLETION:
+        edits.set(generation.key("max_completion_length"), MAX_COMPLETION, "short completions")
     if train.get("max_completion_length", 0) > MAX_COMPLETION:  # ORPO
         edits.set("train.max_completion_length", MAX_COMPLETION, "short completions")
 
@@ -377,39 +376,43 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
         edits.set("model.revision", _UNSET, "the tiny model is a local directory")
     if section.gguf_file is not None:
         edits.set("model.gguf_file", _UNSET, "the tiny model is a plain model directory")
-    ref = getattr(recipe.method_section, "ref_model", None)
-    if ref is not None:
-        edits.set(f"{recipe.method}.ref_model", str(model_dir), "the reference model is the tiny model too")
     _adapter_path(edits, recipe)
     return described, tiny.tokenizer
 
 
-def _reward_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: Path) -> None:
-    """Each reward model of the rewards (``{model: ...}``) stands in as a tiny random sequence classifier of its family
-    with its real tokenizer, whose chat template the smoke run then renders the prompts with, in
-    ``inputs/reward-<i>/`` under the last two parts of its name (``rm/final``: TRL logs it as ``rm`` still). One that
-    a recipe next to this one writes (``../runs/rm/final``) is looked up as the model is."""
-    recipe = loaded.recipe
-    for i, spec in enumerate(getattr(recipe.method_section, "rewards", None) or ()):
-        if spec.model is None:
-            continue
-        key, notes = f"{recipe.method}.rewards.{i}.model", []
-        section = ModelSection(name=spec.model, trust_remote_code=recipe.model.trust_remote_code)
-        producer = _producer(spec.model, base_dir)
-        if producer is not None:
-            said, section = producer
-            notes.append(f"{spec.model} {said}, from {section.name}")
-        try:
-            tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
-                                       recipe.train_args.get("seed", 42), notes, named=spec.model,
-                                       gguf_file=section.gguf_file)
-        except tiny_model.UnknownFamily as exc:
-            raise loaded.error([Problem(key, str(exc))]) from None
-        target = folder.joinpath(f"reward-{i}", *Path(spec.model).parts[-2:])  # its last parts: logged under its name
-        tiny.save_as_scorer(target, recipe.train_args.get("seed", 42))
-        described = tiny.described
-        where = ", ".join(filter(None, [f"tokenizer: {described['tokenizer']}", *notes]))
-        edits.set(key, str(target), f"a tiny random {tiny.model_type} reward model; {where}")
+def _extra_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: Path) -> None:
+    """A stand-in for each model the method's section declares (``MethodSection.models``), set at its recipe key: one
+    that loads as a causal LM (a reference, a teacher) is the tiny model (``inputs/model``), which shares the policy's
+    vocabulary as the real ones must; one that scores (a reward model) is ``_scorer``'s."""
+    for extra in models_of(loaded.recipe):
+        if extra.scores:
+            _scorer(edits, loaded, base_dir, folder, extra)
+        else:
+            edits.set(extra.key, str(folder / "model"), f"{extra.what} is the tiny model too")
+
+
+def _scorer(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: Path, extra: ExtraModel) -> None:
+    """A reward model stands in as a tiny random sequence classifier of its family with its real tokenizer, whose
+    chat template the smoke run then renders the prompts with, in ``inputs/<its recipe key>/`` under the last two
+    parts of its name (``rm/final``: TRL logs it as ``rm`` still). One that a recipe next to this one writes
+    (``../runs/rm/final``) is looked up as the model is."""
+    recipe, notes = loaded.recipe, []
+    section = ModelSection(name=extra.name, trust_remote_code=recipe.model.trust_remote_code)
+    producer = _producer(extra.name, base_dir)
+    if producer is not None:
+        said, section = producer
+        notes.append(f"{extra.name} {said}, from {section.name}")
+    try:
+        tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
+                                   recipe.train_args.get("seed", 42), notes, named=extra.name,
+                                   gguf_file=section.gguf_file)
+    except tiny_model.UnknownFamily as exc:
+        raise loaded.error([Problem(extra.key, str(exc))]) from None
+    target = folder.joinpath(extra.key, *Path(extra.name).parts[-2:])  # its last parts: logged under its name
+    tiny.save_as_scorer(target, recipe.train_args.get("seed", 42))
+    described = tiny.described
+    where = ", ".join(filter(None, [f"tokenizer: {described['tokenizer']}", *notes]))
+    edits.set(extra.key, str(target), f"a tiny random {tiny.model_type} reward model; {where}")
 
 
 def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, ModelSection] | None:

@@ -1,7 +1,8 @@
 """From a validated recipe to a trainer: what every method's builder shares.
 
-Each method has one module named after it (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``) with two plain functions:
-``config(recipe, defaults)`` builds the method's TRL config keyword by keyword, and ``build(recipe, inputs)``
+Each method has one module named after it (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``; or the one its
+``Method.trainer`` names) with two plain functions: ``config(recipe, defaults)`` builds the method's TRL config
+keyword by keyword (the method section's own fields through ``section_kwargs``), and ``build(recipe, inputs)``
 returns the trainer. ``build_trainer`` imports only the chosen method's module, so TRL is imported only when
 ``ft train`` builds a trainer.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from ..machine import trackers
 from ..model import adapters
 from ..recipe import Recipe
+from ..recipe.methods import METHODS, MethodSection
 from ..recipe.optimizers import traits
 from .hooks import Hooks
 from .optimization import optimization_for
@@ -49,21 +51,36 @@ class TrainerInputs:
 
 
 def build_trainer(recipe: Recipe, inputs: TrainerInputs):
-    """The trainer of ``recipe.method``, built by ``ft.trainers.<method>.build``, with trackers writing under the output
-    directory (``trackers.writing_under``), a quantized base's trainable weights in float32 where no mixed precision
-    runs (``model.adapters.train_in_float32_without_autocast``), ft's console lines for the method instead of
-    transformers' (``console.install``), and without transformers' own stop on SIGTERM (ft stops at a step end:
-    ``preemption``)."""
+    """The trainer of ``recipe.method``, built by its module's ``build`` (``trainer_module``), with trackers writing
+    under the output directory (``trackers.writing_under``), a quantized base's trainable weights in float32 where no
+    mixed precision runs (``model.adapters.train_in_float32_without_autocast``), ft's console lines for the method
+    instead of transformers' (``console.install``), and without transformers' own stop on SIGTERM (ft stops at a step
+    end: ``preemption``)."""
     from . import console  # imports transformers
     from .preemption import without_transformers_stop
 
     sigterm = signal.getsignal(signal.SIGTERM)
     with trackers.writing_under(recipe.train_args["output_dir"]):
-        trainer = importlib.import_module(f"{__package__}.{recipe.method}").build(recipe, inputs)
+        trainer = importlib.import_module(trainer_module(recipe.method)).build(recipe, inputs)
     adapters.train_in_float32_without_autocast(trainer.model, trainer.args)  # before the optimizer exists
     console.install(trainer, recipe.method)
     without_transformers_stop(trainer, sigterm)  # ft stops at a step end itself (trainers.preemption)
     return trainer
+
+
+def trainer_module(method: str) -> str:
+    """The module that builds ``method``'s trainer: the one its entry names (``Method.trainer``: a method registered
+    from outside ft), else ``ft.trainers.<method>``."""
+    return METHODS[method].trainer or f"{__package__}.{method}"
+
+
+def section_kwargs(section: MethodSection | None) -> dict:
+    """The method section's own settings in its TRL config's names (``CONFIG_FIELDS``: section field -> TRL field),
+    each as the recipe has it (a list copied: TRL's config may normalise it in place); {} without a section."""
+    if section is None:
+        return {}
+    values = {trl: getattr(section, name) for name, trl in section.CONFIG_FIELDS.items()}
+    return {trl: list(value) if isinstance(value, list) else value for trl, value in values.items()}
 
 
 def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **from_sections):

@@ -8,7 +8,7 @@ from trl import DPOConfig, DPOTrainer
 
 from ..recipe import Recipe
 from ..recipe.methods import DpoSection
-from .build import TrainerInputs, trainer_kwargs, trl_config
+from .build import TrainerInputs, section_kwargs, trainer_kwargs, trl_config
 from .mixin import FtTrainerMixin
 from .reference import reference_model
 
@@ -19,18 +19,16 @@ class FtDPOTrainer(FtTrainerMixin, DPOTrainer):
 
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> DPOConfig:
     """TRL tokenizes preference rows, so ft's length limit and process count go to it (``data.truncation`` and
-    ``data.train_on`` do not apply: TRL truncates by its ``truncation_mode`` and puts the loss on completions)."""
-    dpo = recipe.dpo or DpoSection()
+    ``data.train_on`` do not apply: TRL truncates by its ``truncation_mode`` and puts the loss on completions). The
+    ``dpo:`` section's settings (``section_kwargs``) are its own or, left out, TRL's defaults."""
     return trl_config(
         DPOConfig, recipe, defaults,
         max_length=recipe.data.max_length,
         dataset_num_proc=recipe.data.num_proc,
-        beta=dpo.beta,
-        loss_type=list(dpo.loss_type),
+        **section_kwargs(recipe.dpo or DpoSection()),
     )
 
 
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtDPOTrainer:
-    explicit = recipe.dpo.ref_model if recipe.dpo is not None else None
-    return FtDPOTrainer(ref_model=reference_model(recipe, inputs.model, explicit),
+    return FtDPOTrainer(ref_model=reference_model(recipe, inputs.model),
                         **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))

@@ -8,7 +8,8 @@ import tempfile
 
 from ..model.locate import starts_from_adapter
 from ..recipe import Recipe
-from .build import TrainerInputs
+from ..recipe.methods import generation_of
+from .build import TrainerInputs, section_kwargs
 from .learned_reward import reward_inputs
 
 
@@ -80,8 +81,9 @@ def snapshot_reference(recipe: Recipe) -> bool:
             or starts_from_adapter(recipe.model))
 
 
-def section_kwargs(recipe: Recipe) -> dict:
-    """The method section's shared settings in TRL's names, and what else these trainers read from the recipe:
+def generation_kwargs(recipe: Recipe) -> dict:
+    """The method section's settings in TRL's names (``build.section_kwargs``: each field its ``CONFIG_FIELDS`` maps),
+    and what else these trainers read from the recipe:
 
     - ``reward_weights``: TRL reads them from the config, built before the trainer; they live in the recipe as
       ``<method>.rewards[].weight``. The functions go to the constructor.
@@ -99,15 +101,8 @@ def section_kwargs(recipe: Recipe) -> dict:
     reference_loads = section.beta != 0 and recipe.adapter is None and not snapshot_reference(recipe)
     revision = model.revision if reference_loads else None
     return {
-        "num_generations": section.num_generations,
-        "max_completion_length": section.max_completion_length,
-        "steps_per_generation": section.steps_per_generation,
-        "generation_batch_size": section.generation_batch_size,
-        "temperature": section.temperature,
-        "top_p": section.top_p,
-        "top_k": section.top_k,
-        "beta": section.beta,
-        "reward_weights": [float(spec.weight) for spec in section.rewards],
+        **section_kwargs(section),
+        "reward_weights": [float(spec.weight) for spec in generation_of(recipe).rewards],
         "remove_unused_columns": False,
         "trust_remote_code": model.trust_remote_code,
         "model_init_kwargs": {"revision": revision} if revision else None,

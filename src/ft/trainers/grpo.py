@@ -10,7 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
-from .generation import GenerationRounds, reward_kwargs, section_kwargs, snapshot_reference
+from .generation import GenerationRounds, generation_kwargs, reward_kwargs, snapshot_reference
 from .mixin import FtTrainerMixin
 
 
@@ -19,8 +19,8 @@ class FtGRPOTrainer(GenerationRounds, FtTrainerMixin, GRPOTrainer):
 
 
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> GRPOConfig:
-    """The ``grpo:`` section (``section_kwargs``) and its ``loss_type``."""
-    return trl_config(GRPOConfig, recipe, defaults, **section_kwargs(recipe), loss_type=recipe.method_section.loss_type)
+    """The ``grpo:`` section, its ``loss_type`` among its settings (``generation_kwargs``)."""
+    return trl_config(GRPOConfig, recipe, defaults, **generation_kwargs(recipe))
 
 
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtGRPOTrainer:

@@ -1,5 +1,5 @@
-"""The code a recipe plugs into its trainer (``loss:``, ``callbacks:``, ``grpo.rewards``, ``optimizer.class``,
-``scheduler.class``), resolved once.
+"""The code a recipe plugs into its trainer (``loss:``, ``callbacks:``, the rewards of a method that generates:
+``grpo.rewards``, ``optimizer.class``, ``scheduler.class``), resolved once.
 
 ``resolve_hooks`` runs at the start of ``ft train``, before any model loads: a missing module, a typo in a name, a
 wrong signature or bad arguments is a ``PluginError`` naming the recipe key (exit code 2). What it returns is what
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..recipe import Recipe
+from ..recipe.methods import generation_of
 from .callbacks import build_callbacks
 from .optimization import OPTIMIZER_PROVIDES, SCHEDULER_PROVIDES
 from .plugins import check_signature, resolve, resolve_class
@@ -32,12 +33,12 @@ class Hooks:
 
 def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
     """Import, check and build everything the recipe names (``base_dir``, the recipe's folder, is importable)."""
-    rewards, opt, sched = getattr(recipe.method_section, "rewards", None), recipe.optimizer, recipe.scheduler
+    generation, opt, sched = generation_of(recipe), recipe.optimizer, recipe.scheduler
+    rewards = generation.rewards if generation is not None else ()
     return Hooks(
         loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
         callbacks=tuple(build_callbacks(recipe, base_dir)),
-        rewards=tuple(reward_functions(rewards, base_dir, recipe.method, recipe.model.trust_remote_code))
-        if rewards else (),
+        rewards=tuple(reward_functions(rewards, base_dir, recipe.method, recipe.model.trust_remote_code)),
         optimizer_class=_class(opt.cls, "optimizer.class", base_dir, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
         scheduler_class=_class(sched.cls, "scheduler.class", base_dir, "LRScheduler", sched.kwargs,
                                SCHEDULER_PROVIDES),

@@ -9,7 +9,7 @@ from trl.data_utils import unpair_preference_dataset
 
 from ..recipe import Recipe
 from ..recipe.methods import KtoSection
-from .build import TrainerInputs, trainer_kwargs, trl_config
+from .build import TrainerInputs, section_kwargs, trainer_kwargs, trl_config
 from .mixin import FtTrainerMixin
 from .reference import reference_model
 
@@ -40,15 +40,13 @@ def unpaired(dataset, seed: int):
 
 
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> KTOConfig:
-    """As DPO's: TRL tokenizes the rows, with ft's length limit and process count."""
-    kto = recipe.kto or KtoSection()
+    """As DPO's: TRL tokenizes the rows, with ft's length limit and process count, and the ``kto:`` section's
+    settings (``section_kwargs``)."""
     return trl_config(
         KTOConfig, recipe, defaults,
         max_length=recipe.data.max_length,
         dataset_num_proc=recipe.data.num_proc,
-        beta=kto.beta,
-        desirable_weight=kto.desirable_weight,
-        undesirable_weight=kto.undesirable_weight,
+        **section_kwargs(recipe.kto or KtoSection()),
     )
 
 

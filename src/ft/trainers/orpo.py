@@ -8,7 +8,7 @@ from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from ..recipe import Recipe
 from ..recipe.methods import OrpoSection
-from .build import TrainerInputs, trainer_kwargs, trl_config
+from .build import TrainerInputs, section_kwargs, trainer_kwargs, trl_config
 from .mixin import FtTrainerMixin
 
 
@@ -20,12 +20,11 @@ class FtORPOTrainer(FtTrainerMixin, ORPOTrainer):
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> ORPOConfig:
     """As DPO's, and the paired columns are kept (ORPOTrainer would force ``remove_unused_columns=False`` itself,
     with a warning asking for it)."""
-    orpo = recipe.orpo or OrpoSection()
     return trl_config(
         ORPOConfig, recipe, defaults,
         max_length=recipe.data.max_length,
         dataset_num_proc=recipe.data.num_proc,
-        beta=orpo.beta,
+        **section_kwargs(recipe.orpo or OrpoSection()),
         remove_unused_columns=False,
     )
 

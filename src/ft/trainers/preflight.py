@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import FtError
 from ..units import human
 
 
-class PreflightOutOfMemory(Exception):
+class PreflightOutOfMemory(FtError):
     """The largest batch does not fit (exit code 2, before any step and any checkpoint). The message is for the user."""
 
 
@@ -49,12 +50,13 @@ def settings_for(recipe, cuda: bool, sharded: bool, say: Callable[[str], None]) 
     sharded gradients a probe would have to clear inside their engines (not done yet)."""
     from ..plan.shape import PlanError
     from ..plan.suggest import step_figures
-    from ..recipe.methods import METHODS
+    from ..recipe.methods import generation_of
 
     wanted = recipe.train.preflight
     if wanted is False or (wanted is None and not cuda):
         return None
-    completion = getattr(recipe, recipe.method).max_completion_length if METHODS[recipe.method].generates else None
+    generation = generation_of(recipe)
+    completion = generation.max_completion_length if generation is not None else None
     if sharded:
         say("preflight: memory: not run under FSDP or DeepSpeed (not probed yet); `ft plan` estimates the memory")
         return None

@@ -152,21 +152,21 @@ BUILTINS: dict[str, Callable[..., RewardFn]] = {
 def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str,
                      trust_remote_code: bool = False) -> list[RewardFn | LearnedReward]:
     """The rewards of ``<section>.rewards`` (``specs``; ``section``: the method section, ``grpo``), in recipe order:
-    functions, and reward models loaded as ``LearnedReward`` (``trust_remote_code``: the recipe's
-    ``model.trust_remote_code``). Their weights stay in the recipe: TRL reads them from its config
-    (``GRPOConfig.reward_weights``).
+    functions, and reward models (each as the section declares it: ``RewardSpec.model_at``, its key and dtype) loaded
+    as ``LearnedReward`` (``trust_remote_code``: the recipe's ``model.trust_remote_code``). Their weights stay in the
+    recipe: TRL reads them from its config (``GRPOConfig.reward_weights``).
 
     Raises ``PluginError`` naming the recipe key (``grpo.rewards.<i>.fn``, ``grpo.rewards.<i>.args``, …).
     """
     functions, names = [], set()
     for i, spec in enumerate(specs):
         key = f"{section}.rewards.{i}"
-        if spec.model is not None:  # TRL logs it under its name: unique, like a function's
-            name = reward_name(spec.model)
+        model = spec.model_at(key)
+        if model is not None:  # TRL logs it under its name: unique, like a function's
+            name = reward_name(model.name)
             name = f"{name}_{i}" if name in names else name
             names.add(name)
-            functions.append(load_learned_reward(spec.model, f"{key}.model", name, trust_remote_code,
-                                                 dtype=spec.dtype))
+            functions.append(load_learned_reward(model.name, model.key, name, trust_remote_code, dtype=model.dtype))
             continue
         if spec.name is not None:
             fn = _builtin(spec.name, dict(spec.args), key)

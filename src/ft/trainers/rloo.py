@@ -10,7 +10,7 @@ from trl import RLOOConfig, RLOOTrainer
 
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
-from .generation import GenerationRounds, reward_kwargs, section_kwargs, snapshot_reference
+from .generation import GenerationRounds, generation_kwargs, reward_kwargs, snapshot_reference
 from .mixin import FtTrainerMixin
 
 
@@ -19,8 +19,8 @@ class FtRLOOTrainer(GenerationRounds, FtTrainerMixin, RLOOTrainer):
 
 
 def config(recipe: Recipe, defaults: Mapping[str, object]) -> RLOOConfig:
-    """The ``rloo:`` section (``section_kwargs``)."""
-    return trl_config(RLOOConfig, recipe, defaults, **section_kwargs(recipe))
+    """The ``rloo:`` section (``generation_kwargs``)."""
+    return trl_config(RLOOConfig, recipe, defaults, **generation_kwargs(recipe))
 
 
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtRLOOTrainer:
