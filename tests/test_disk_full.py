@@ -96,8 +96,8 @@ class FillDisk(TrainerCallback):
 
 def test_a_write_the_disk_cannot_hold_is_named_with_the_checkpoint_to_resume_from(tmp_path):
     (tmp_path / "filldisk.py").write_text(FILL)
-    recipe = (ROOT / "recipes" / "quickstart.yaml").read_text().replace("../", f"{ROOT}/")
-    (tmp_path / "recipe.yaml").write_text(recipe + "\ncallbacks: [{cls: 'filldisk:FillDisk'}]\n")
+    (tmp_path / "recipe.yaml").write_text(f"extends: {ROOT / 'recipes' / 'quickstart.yaml'}\n"
+                                          "callbacks: [{cls: 'filldisk:FillDisk'}]\n")
     command = f"$PY -m ft train {tmp_path / 'recipe.yaml'} --set train.output_dir=$MNT/run {QUICK}"
     _in_small_disk(tmp_path, f"""
         FILL=1 {command} > $OUT/first.log 2>&1; echo $? > $OUT/first.rc

@@ -354,17 +354,17 @@ def _quantized_copy(model, section: ModelSection, kwargs: dict, quantization, au
     return quantized
 
 
-def load_reference_model(name: str, section: ModelSection, fsdp: bool = False):
-    """The frozen reference model of a preference method (``dpo.ref_model``): pretrained weights from ``name``
-    (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization settings (TRL
-    shards it with FSDP too when the policy is: ``fsdp``)."""
+def load_reference_model(name: str, section: ModelSection, fsdp: bool = False, key: str = "dpo.ref_model"):
+    """The frozen reference model a method section declares (``key``, e.g. ``dpo.ref_model``): pretrained weights
+    from ``name`` (hub id or directory) with the policy's dtype, attention kernel, remote-code and quantization
+    settings (TRL shards it with FSDP too when the policy is: ``fsdp``)."""
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=section.trust_remote_code,
                                                      **_weights_kwargs(section, fsdp=fsdp))
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"dpo.ref_model: could not load the reference model from {name!r}: {first_line(exc)}. "
+        raise ModelLoadError(f"{key}: could not load the reference model from {name!r}: {first_line(exc)}. "
                              "Use a directory that holds config.json and weights, or a hub id reachable from this "
                              "machine; unset it to use a frozen copy of the starting model.") from None
     return model.requires_grad_(False).eval()

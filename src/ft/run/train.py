@@ -307,17 +307,21 @@ def _push(trainer, output_dir: Path, summary: dict, say: Callable[[str], None]) 
 
 def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Callable[[str], None] = print,
                     callbacks=(), *, phases: dict | None = None) -> tuple[object, data.PreparedData]:
-    """Tokenizer, datasets, model and trainer, as ``ft train`` builds them before it trains; the seconds each part
-    took go into ``phases`` (``prepare_data``: tokenizer and data; ``load_model``: model, adapter and trainer)."""
+    """Processing class, datasets, model and trainer, as ``ft train`` builds them before it trains; the seconds each
+    part took go into ``phases`` (``prepare_data``: processing class and data; ``load_model``: model, adapter and
+    trainer). The processing class (a tokenizer, or a processor holding one: ``ft.model.loading``) goes to the
+    trainer, which saves it with every checkpoint and final/; the data and the embeddings are fitted to the text
+    tokenizer inside it."""
     clock = time.perf_counter()
     bnb_import.import_bitsandbytes(uses_it=bnb_import.uses_bitsandbytes(recipe))  # before PEFT imports it: see there
-    tokenizer = locate.start_processing_class(recipe.model, say)  # model.name may be a run: ft.model.locate
+    processing_class = locate.start_processing_class(recipe.model, say)  # model.name may be a run: ft.model.locate
+    tokenizer = loading.text_tokenizer(processing_class)
     problems = loading.token_problems(recipe, tokenizer)
     if problems:  # located by train(): file and line
         raise RecipeError(problems)
     template = data.chat_template_for(recipe, tokenizer)
     if template is not None:
-        tokenizer.chat_template = template  # final/ ships the template the model was trained with
+        processing_class.chat_template = template  # final/ ships the template the model was trained with
     # one process writes data.prepared_path, the others wait for it outside any collective (no timeout)
     if ranks.world_size() > 1 and recipe.data.prepared_path is not None:
         say(f"data: the other {ranks.world_size() - 1} processes read {recipe.data.prepared_path} once this one has "
@@ -332,7 +336,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                 **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
                 **checkpoints.JIT_DEFAULT}
     sharded = bool(defaults.get("fsdp") or defaults.get("deepspeed"))
-    inputs = TrainerInputs(model, tokenizer, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
+    inputs = TrainerInputs(model, processing_class, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
                            hardware.optimizer_defaults(recipe, hw),
                            adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task),
                            preflight.settings_for(recipe, hw.cuda, sharded, say))

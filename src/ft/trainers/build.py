@@ -1,10 +1,10 @@
 """From a validated recipe to a trainer: what every method's builder shares.
 
-Each method has one module named after it (``sft``, ``dpo``, ``kto``, ``orpo``, ``grpo``; or the one its
-``Method.trainer`` names) with two plain functions: ``config(recipe, defaults)`` builds the method's TRL config
-keyword by keyword (the method section's own fields through ``section_kwargs``), and ``build(recipe, inputs)``
-returns the trainer. ``build_trainer`` imports only the chosen method's module, so TRL is imported only when
-``ft train`` builds a trainer.
+Each method has one module named after it (``ft.trainers.<method>``; or the one its ``Method.trainer`` names)
+with two plain functions: ``config(recipe, defaults)`` builds the method's TRL config keyword by keyword (the method
+section's own fields through ``section_kwargs``), and ``build(recipe, inputs)`` returns the trainer.
+``build_trainer`` imports only the chosen method's module, so TRL is imported only when ``ft train`` builds a
+trainer.
 
 Every TRL config follows one precedence rule (``trl_config``):
 
@@ -39,7 +39,7 @@ class TrainerInputs:
     """What ``ft.run.train`` has made ready for the trainer; the recipe says how to use it."""
 
     model: object
-    tokenizer: object
+    processing_class: object  # a tokenizer, or a vision-language model's processor (model.loading)
     train_dataset: object
     eval_dataset: object | None
     hooks: Hooks  # the recipe's user and built-in code, resolved once before the model loaded
@@ -98,7 +98,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "args": config,
         "train_dataset": inputs.train_dataset,
         "eval_dataset": inputs.eval_dataset,
-        "processing_class": inputs.tokenizer,
+        "processing_class": inputs.processing_class,
         "peft_config": inputs.peft_config,
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
         "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),

@@ -27,7 +27,7 @@ def reference_model(recipe: Recipe, model):
     """The reference model for ``model`` (None: TRL's own handling, as above)."""
     declared = next((extra for extra in models_of(recipe) if extra.role == "reference"), None)
     if declared is not None:
-        return load_reference_model(declared.name, recipe.model, fsdp=uses_fsdp(recipe))
+        return load_reference_model(declared.name, recipe.model, fsdp=uses_fsdp(recipe), key=declared.key)
     if recipe.adapter is not None or recipe.train_args.get("precompute_ref_log_probs"):
         return None
     # what trl.experimental.utils.create_reference_model does with no shared layers, without the experimental import

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from trl import RewardConfig, RewardTrainer
 
 from ..data import DataError
+from ..model.loading import text_tokenizer
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
 from .mixin import FtTrainerMixin
@@ -33,7 +34,7 @@ def _warn(message: str) -> None:
 
 
 def build(recipe: Recipe, inputs: TrainerInputs, say: Callable[[str], None] = _warn) -> FtRewardTrainer:
-    model, tokenizer = inputs.model, inputs.tokenizer
+    model, tokenizer = inputs.model, text_tokenizer(inputs.processing_class)
     if model.config.pad_token_id is None:  # the score is read at the last token before padding
         model.config.pad_token_id = tokenizer.pad_token_id
     trainer = FtRewardTrainer(**trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
