@@ -170,6 +170,7 @@ def test_perplexity_is_exp_of_the_eval_loss(write_recipe, tmp_path):
     ("no_such_module:fn", None, "no module `no_such_module`"),
     ("losses_b:sumed", "def summed(outputs, labels, num_items_in_batch):\n    return 0\n", "Did you mean 'summed'"),
     ("losses_c:bad", "def bad(outputs):\n    return 0\n", "documented signature"),
+    ("os:system", None, "Python's standard library"),  # no loss: refused before it is imported (tests/test_trust.py)
 ])
 def test_unusable_loss_exits_2_naming_the_key(write_recipe, tmp_path, reference, code, words):
     if code:

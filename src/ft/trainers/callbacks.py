@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..recipe import Problem, Recipe
@@ -18,7 +19,8 @@ def _early_stopping(spec: CallbackSpec):
 BUILTIN = {"early_stopping": _early_stopping}
 
 
-def build_callbacks(recipe: Recipe, base_dir: Path) -> list:
+def build_callbacks(recipe: Recipe, folders: Path | Sequence[Path]) -> list:
+    """The recipe's ``callbacks:``, built, in order; a user class is looked up in ``folders`` (``plugins.resolve``)."""
     if not recipe.callbacks:
         return []  # importing transformers' TrainerCallback alone takes seconds
     from transformers import TrainerCallback
@@ -29,7 +31,7 @@ def build_callbacks(recipe: Recipe, base_dir: Path) -> list:
         if spec.name is not None:
             callbacks.append(BUILTIN[spec.name](spec))
             continue
-        cls = resolve(spec.cls, f"{key}.cls", base_dir)
+        cls = resolve(spec.cls, f"{key}.cls", folders, "a transformers.TrainerCallback subclass")
         if not (isinstance(cls, type) and issubclass(cls, TrainerCallback)):
             raise PluginError(Problem(f"{key}.cls", f"`{spec.cls}` is not a transformers.TrainerCallback subclass."))
         try:

@@ -10,7 +10,7 @@ here, with transformers' auto classes, so that one that is not a reward model st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from ..recipe import Recipe
 from ..recipe.methods import generation_of
 from .callbacks import build_callbacks
 from .optimization import OPTIMIZER_PROVIDES, SCHEDULER_PROVIDES
-from .plugins import check_signature, resolve, resolve_class
+from .plugins import check_signature, resolve, resolve_class, search_folders
 from .rewards import reward_functions
 
 
@@ -31,33 +31,38 @@ class Hooks:
     scheduler_class: type | None = None  # scheduler.class (likewise)
 
 
-def resolve_hooks(recipe: Recipe, base_dir: Path) -> Hooks:
-    """Import, check and build everything the recipe names (``base_dir``, the recipe's folder, is importable)."""
+def resolve_hooks(recipe: Recipe, folders: Path | Sequence[Path]) -> Hooks:
+    """Import, check and build everything the recipe names. ``folders``: where its modules are looked up, the recipe's
+    own folder first, then those of the recipes it ``extends:`` (``LoadedRecipe.folders``; one folder may be given
+    alone). They are importable only while each name is imported, after the installed packages, and ``sys.path`` is
+    left as it was (``ft.trainers.plugins``)."""
+    folders = search_folders(folders)
     generation, opt, sched = generation_of(recipe), recipe.optimizer, recipe.scheduler
     rewards = generation.rewards if generation is not None else ()
     return Hooks(
-        loss=resolve_loss(recipe.loss, base_dir) if recipe.loss else None,
-        callbacks=tuple(build_callbacks(recipe, base_dir)),
-        rewards=tuple(reward_functions(rewards, base_dir, recipe.method, recipe.model.trust_remote_code)),
-        optimizer_class=_class(opt.cls, "optimizer.class", base_dir, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
-        scheduler_class=_class(sched.cls, "scheduler.class", base_dir, "LRScheduler", sched.kwargs,
+        loss=resolve_loss(recipe.loss, folders) if recipe.loss else None,
+        callbacks=tuple(build_callbacks(recipe, folders)),
+        rewards=tuple(reward_functions(rewards, folders, recipe.method, recipe.model.trust_remote_code)),
+        optimizer_class=_class(opt.cls, "optimizer.class", folders, "Optimizer", opt.kwargs, OPTIMIZER_PROVIDES),
+        scheduler_class=_class(sched.cls, "scheduler.class", folders, "LRScheduler", sched.kwargs,
                                SCHEDULER_PROVIDES),
     )
 
 
-def _class(reference: str | None, key: str, base_dir: Path, base: str, kwargs: dict, provides: tuple[str, ...]):
+def _class(reference: str | None, key: str, folders: tuple[Path, ...], base: str, kwargs: dict,
+           provides: tuple[str, ...]):
     """A class the recipe names (None when it names none); ``base`` is a torch.optim class it must extend."""
     if reference is None:
         return None
     import torch.optim.lr_scheduler
 
     base_class = {"Optimizer": torch.optim.Optimizer, "LRScheduler": torch.optim.lr_scheduler.LRScheduler}[base]
-    return resolve_class(reference, key, base_dir, base_class, kwargs, provides)
+    return resolve_class(reference, key, folders, base_class, kwargs, provides)
 
 
-def resolve_loss(reference: str, base_dir: Path) -> Callable:
+def resolve_loss(reference: str, folders: Path | Sequence[Path]) -> Callable:
     """``loss: module:function``, checked against the documented signature
     ``compute_loss_func(outputs, labels, num_items_in_batch)``."""
-    loss = resolve(reference, "loss", base_dir)
+    loss = resolve(reference, "loss", folders, "a loss function")
     check_signature(loss, "loss", ("outputs", "labels", "num_items_in_batch"), positional=True)
     return loss

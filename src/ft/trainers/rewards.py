@@ -149,12 +149,13 @@ BUILTINS: dict[str, Callable[..., RewardFn]] = {
 }
 
 
-def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str,
+def reward_functions(specs: Sequence[RewardSpec], folders: Path | Sequence[Path], section: str,
                      trust_remote_code: bool = False) -> list[RewardFn | LearnedReward]:
     """The rewards of ``<section>.rewards`` (``specs``; ``section``: the method section, ``grpo``), in recipe order:
     functions, and reward models (each as the section declares it: ``RewardSpec.model_at``, its key and dtype) loaded
     as ``LearnedReward`` (``trust_remote_code``: the recipe's ``model.trust_remote_code``). Their weights stay in the
-    recipe: TRL reads them from its config (``GRPOConfig.reward_weights``).
+    recipe: TRL reads them from its config (``GRPOConfig.reward_weights``). A ``fn:`` module is looked up in
+    ``folders`` (the recipe's, then its bases'; ``plugins.resolve``).
 
     Raises ``PluginError`` naming the recipe key (``grpo.rewards.<i>.fn``, ``grpo.rewards.<i>.args``, …).
     """
@@ -172,7 +173,7 @@ def reward_functions(specs: Sequence[RewardSpec], base_dir: Path, section: str,
             fn = _builtin(spec.name, dict(spec.args), key)
             fn.__name__ = fn.__qualname__ = spec.name  # a fresh closure: it carries the built-in's name
         else:
-            fn = _user_function(spec.fn, dict(spec.args), f"{key}.fn", base_dir)
+            fn = _user_function(spec.fn, dict(spec.args), f"{key}.fn", folders)
         name = get_callable_name(fn)
         if name in names:  # TRL logs rewards/<name>/mean: two rewards of one name would share one line
             name = f"{name}_{i}"
@@ -206,8 +207,8 @@ def _builtin(name: str, args: dict, key: str) -> RewardFn:
         raise PluginError(Problem(f"{key}.args.{exc.arg}", f"`{name}`: {exc}")) from None
 
 
-def _user_function(reference: str, args: dict, key: str, base_dir: Path) -> RewardFn:
-    fn = resolve(reference, key, base_dir)
+def _user_function(reference: str, args: dict, key: str, folders: Path | Sequence[Path]) -> RewardFn:
+    fn = resolve(reference, key, folders, "a reward function")
     if not callable(fn):
         raise PluginError(Problem(key, f"`{reference}` is a {type(fn).__name__}, not a function."))
     check_signature(fn, key, ("prompts", "completions"))
