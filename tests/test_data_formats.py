@@ -125,7 +125,14 @@ BAD = [  # (format, row, reason, field named)
     ("chat", {"messages": [{"role": "user", "content": "hi"}]}, "no_assistant_turn", "messages"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]},
      "empty_content", "messages[1].content"),
-    ("chat", {"messages": [{"role": "user", "content": ["hi"]}]}, "wrong_type", "messages[0].content"),
+    ("chat", {"messages": [{"role": "user", "content": ["hi"]}]}, "wrong_type", "messages[0].content[0]"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "wrong_type",
+     "messages[0].content[0].text"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]}]}, "wrong_type",
+     "messages[0].content[0]"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url",
+                                                                                         "image_url": "a.png"}]}]},
+     "image_content", "messages[0].content[1]"),
     ("chat", {"messages": [{"role": "user"}]}, "missing_field", "messages[0].content"),
     ("instruction", {"instruction": "x"}, "missing_field", "output"),
     ("instruction", {"instruction": "x", "input": 3, "output": "y"}, "wrong_type", "input"),
@@ -227,7 +234,7 @@ def test_values_that_change_type_mid_file_are_judged_row_by_row(tmp_path):
     kept = _rows(path, "chat", "skip", report)
     assert kept["messages"] == [HELLO] and report.as_dict() == {"data.train.0": {"wrong_type": 2}}
     path.write_text("\n".join(json.dumps(row) for row in rows[::2]) + "\n")  # arrow reads this one itself
-    with pytest.raises(DataError, match=r"t\.jsonl:2: messages\[0\]\.content: expected text, got a list"):
+    with pytest.raises(DataError, match=r"t\.jsonl:2: messages\[0\]\.content\[0\]: expected a content part"):
         _rows(path, "chat")
 
 

@@ -9,7 +9,10 @@ validation reads (it may not import this module): ``register`` refuses a name th
 
 Canonical layouts (what TRL's trainers read):
 
-- ``chat`` and ``instruction`` -> ``messages``: a list of ``{"role", "content"}`` (other message keys are dropped);
+- ``chat`` and ``instruction`` -> ``messages``: a list of ``{"role", "content"}`` (other message keys are dropped); a
+  content given as a list of parts (``[{"type": "text", "text": …}, …]``, as OpenAI's and multimodal chat templates
+  write it) becomes the text of its text parts, joined as those templates join them (with nothing between); an image
+  part makes the row bad (``image_content``): the canonical chat holds text, for text models;
 - ``text`` -> ``prompt`` and ``completion`` (a plain ``text`` field becomes prompt ``""``);
 - ``preference`` -> ``prompt``, ``chosen``, ``rejected``: all text or all lists of messages;
 - ``prompt`` -> ``prompt`` (text or messages) plus every other field of the row, for GRPO reward functions.
@@ -20,6 +23,7 @@ source's role -> canonical role) renames roles. A row that does not fit raises `
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -308,12 +312,16 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     if fast is not None:
         return fast
     columns = fmt.output_columns(dataset.column_names, names)
-    kinds, features = _layout(dataset, fmt, names, columns)
+    encoded = _json_columns(dataset)
+    kinds, features = _layout(dataset, fmt, names, columns, encoded)
+    as_json = {name for name in columns if features is not None and isinstance(features[name], datasets.Json)}
     counts: Counter = Counter()
     shown: list[tuple[int, RowError]] = []
 
     def convert(batch):
         out: dict[str, list] = {name: [] for name in (*columns, ROW)}
+        for name in encoded:
+            batch[name] = [None if text is None else json.loads(text) for text in batch[name]]
         for values in zip(*batch.values(), strict=True):
             row = dict(zip(batch.keys(), values, strict=True))
             try:
@@ -325,7 +333,8 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
                     shown.append((row[ROW], error))
                 continue
             for name in columns:
-                out[name].append(converted[name])
+                value = converted[name]
+                out[name].append(json.dumps(value) if name in as_json and value is not None else value)
             out[ROW].append(row[ROW])
         return out
 
@@ -345,10 +354,20 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     return result
 
 
-def _layout(dataset: datasets.Dataset, fmt: Format, names: Names, columns: list[str]):
+def _json_columns(dataset: datasets.Dataset) -> list[str]:
+    """The columns that hold each value as its JSON text (``Json(decode=False)``: what ``ft.data.sources`` writes for a
+    JSON field whose values are of several kinds, or lists and objects), which ``normalize`` decodes with Python's
+    ``json``: every value as written."""
+    return [name for name, feature in dataset.features.items()
+            if isinstance(feature, datasets.Json) and not feature.decode]
+
+
+def _layout(dataset: datasets.Dataset, fmt: Format, names: Names, columns: list[str], encoded: list[str]):
     """(kinds, features) from the first good row: per canonical column whether it holds messages, and the output
-    features (extra columns as in the source); (None, None) when no row is good."""
+    features (extra columns as in the source; a JSON-text one becomes ``Json``, which its consumers decode); (None,
+    None) when no row is good."""
     for row in dataset:
+        row = {**row, **{name: None if row[name] is None else json.loads(row[name]) for name in encoded}}
         try:
             converted = fmt.convert(row, names)
         except RowError:
@@ -356,7 +375,8 @@ def _layout(dataset: datasets.Dataset, fmt: Format, names: Names, columns: list[
         kinds = tuple(isinstance(converted[c], list) for c in fmt.columns)
         text = datasets.Value("string")
         typed = {c: [{"role": text, "content": text}] if k else text for c, k in zip(fmt.columns, kinds, strict=True)}
-        features = {c: typed[c] if c in typed else dataset.features[c] for c in columns}
+        features = {c: typed[c] if c in typed else datasets.Json() if isinstance(dataset.features[c], datasets.Json)
+                    else dataset.features[c] for c in columns}
         return kinds, datasets.Features({**features, ROW: datasets.Value("int64")})
     return None, None
 
@@ -393,11 +413,38 @@ def _messages(value: list, names: Names, field: str) -> list[dict]:
         if role not in ROLES:
             raise RowError("unknown_role", f"{message[role_key]!r} is not one of {', '.join(ROLES)}; map it with "
                            "`roles:`", f"{where}.{role_key}")
-        content = value_of(message, content_key, str, f"{where}.{content_key}")
+        if isinstance(message.get(content_key), list):
+            content = _parts_text(message[content_key], f"{where}.{content_key}")
+        else:
+            content = value_of(message, content_key, str, f"{where}.{content_key}")
         if role != "system" and not content.strip():
             raise RowError("empty_content", "is empty", f"{where}.{content_key}")
         messages.append({"role": role, "content": content})
     return messages
+
+
+IMAGE_PARTS = ("image", "image_url")  # the part types of an image in a message's content (HF, OpenAI)
+
+
+def _parts_text(parts: list, where: str) -> str:
+    """The text of a content given as parts: its text parts' texts, joined with nothing between (as chat templates
+    that take parts write them). Any other part makes the row bad, named ``messages[i].content[j]``."""
+    texts = []
+    for j, part in enumerate(parts):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise RowError("wrong_type", f'expected a content part ({{"type": "text", "text": …}}), got '
+                           f"{kind_of(part)}", at)
+        kind = part.get("type")
+        if kind in IMAGE_PARTS:
+            raise RowError("image_content", f"an {kind!r} part: images need a vision-language model, and this "
+                           "run trains on text (a chat's content is text, or text parts); drop the image parts or the "
+                           "row", at)
+        if kind != "text":
+            raise RowError("wrong_type", f"a part of type {kind!r}: a message's content parts can be text "
+                           '({"type": "text", "text": …})', at)
+        texts.append(value_of(part, "text", str, f"{at}.text"))
+    return "".join(texts)
 
 
 def _needs_assistant(messages: list[dict], field: str) -> None:

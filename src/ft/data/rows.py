@@ -30,6 +30,7 @@ REASONS = {
     "empty_chosen": "`chosen` is empty",
     "empty_rejected": "`rejected` is empty",
     "mixed_kinds": "a field is text in some rows of a source and a list of messages in others",
+    "image_content": "a message holds an image part, which needs a vision-language model (ft trains text models)",
 }
 FIX = "Fix these rows, map the fields with `fields:`/`roles:`, or set `data.on_bad_row: skip`."
 

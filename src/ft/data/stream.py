@@ -5,7 +5,8 @@ The stream is a ``datasets.IterableDataset`` built from a generator ft writes, n
 readers, for what those cannot give: every row keeps its place in its file (bad rows are named ``file:line``, or
 counted under ``on_bad_row: skip``, exactly as without streaming), a line that is not UTF-8 is a bad row, and a source
 that disappears or fails mid-stream raises ``StreamFailed``, which the trainer turns into a checkpoint and a stop.
-Local .jsonl and .txt files are read line by line, .parquet by record batch; other files, folders and hub datasets go
+Local .jsonl and .txt files are read line by line, a .json file element by element (``ft.data.sources.json_rows``:
+JSON values as written, as without streaming), .parquet by record batch; other files, folders and hub datasets go
 through ``datasets.load_dataset(..., streaming=True)`` and are numbered as read.
 
 Three properties the trainer relies on:
@@ -16,7 +17,8 @@ Three properties the trainer relies on:
   in the same order. Bad rows are counted on a source's first pass only.
 - **Shards by process.** With N processes the stream has N shards; shard r holds the rows whose index in their source
   is r modulo N, and accelerate gives shard r to rank r (``dispatch_batches`` off: each process reads its own rows,
-  no two ranks train on the same row). Every process reads every line, and parses and tokenizes only its own.
+  no two ranks train on the same row). Every process reads every line, and parses and tokenizes only its own (a .json
+  array's elements it parses all of: they cannot be told apart without it).
 - **Counts as it goes.** Rows read, skipped, cut and dropped go into the run's ``stats`` dict (summary.json ``data``)
   while training reads them (the DataLoader reads in the training process: no workers).
 """
@@ -33,7 +35,7 @@ from ..recipe import Recipe
 from ..recipe.data_section import DataSource
 from .formats import FORMATS, Names
 from .rows import ROW, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
-from .sources import FILE_BUILDERS, line_row, missing_source, source_kind
+from .sources import FILE_BUILDERS, json_rows, line_row, missing_source, source_kind
 from .tokenize import TokenizeSettings, tokenize_batch
 
 READ_BATCH = 256  # rows tokenized together (one datasets.map batch)
@@ -128,6 +130,8 @@ def _raw_rows(source: DataSource, key: str, mine: Callable[[int], bool]) -> Iter
     try:
         if kind == "file" and suffix in (".jsonl", ".txt"):
             yield from _lines(path, suffix, mine)
+        elif kind == "file" and suffix == ".json":
+            yield from ((index, row) for index, row in json_rows(path, f"{key}.path: {source.path}") if mine(index))
         elif kind == "file" and suffix == ".parquet":
             yield from _parquet(path, mine)
         elif kind == "missing":  # it was there when the run started (streamed_train checks)
@@ -136,6 +140,8 @@ def _raw_rows(source: DataSource, key: str, mine: Callable[[int], bool]) -> Iter
             yield from _through_datasets(source, kind, mine)
     except StreamFailed:
         raise
+    except DataError as exc:  # a JSON array file with a syntax error: its rows cannot be told apart
+        raise StreamFailed(str(exc)) from None
     except Exception as exc:  # a file deleted or unreadable mid-stream, a hub connection lost, …
         raise StreamFailed(f"{key}: {source.path} could not be read mid-stream ({type(exc).__name__}: {exc}).") \
             from None
