@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -599,15 +600,53 @@ def test_a_recipe_ft_refuses_is_still_written_with_the_reason(tmp_path):
     assert "# ft does not accept this recipe yet:" in result.text
 
 
+# nine levels of aliases, nine of the level before each: 354 bytes that expand to 9**9 values
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{cur}: &{cur} [{', '.join([f'*{prev}'] * 9)}]\n"
+                                                      for prev, cur in pairwise("abcdefghi"))
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("base_model: [unclosed", "not valid YAML"), ("- just\n- a list\n", "is a mapping of keys"),
     ("provider: modal\ngpu: h100\n", "not an Axolotl training config"),
+    # hostile YAML (issue 43): each refused at its line, in the time the file's size bounds
+    ("base_model: x\nextra: &k {self: *k}\n", r"bad.yml:2: extra.self: the alias \*k is inside the value of its own"),
+    ("base_model: x\nbase_model: y\n", "bad.yml:2: base_model: is written twice, at lines 1 and 2"),
+    ("base_model: !!python/object/apply:os.system ['true']\n", "bad.yml:1: base_model: has the tag"),
+    ("base_model: x\n" + BOMB, r"bad.yml:6: e: the anchor &e \(line 6\) expands"),
 ])
 def test_a_config_that_cannot_be_read_is_one_clear_error(tmp_path, text, says):
     path = tmp_path / "bad.yml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=says):
         import_axolotl(path)
+
+
+def test_a_config_that_is_not_text_or_not_a_file_is_one_clear_error(tmp_path):
+    latin = tmp_path / "latin.yml"
+    latin.write_bytes(b"base_model: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin.yml:1: is not UTF-8 text: byte 0xe9 at line 1, column 16"):
+        import_axolotl(latin)
+    with pytest.raises(ConfigError, match="cannot read it \\(is a directory"):
+        import_axolotl(tmp_path)
+
+
+def test_an_alias_bomb_imports_within_a_gib_in_seconds(tmp_path):
+    """The nine-level bomb (Axolotl's own reader expands it): `ft import axolotl` under a 1 GiB address-space limit
+    exits 2 naming the anchor, where it spun for over a minute in the cycle check."""
+    import resource
+    import time
+
+    source = tmp_path / "bomb.yml"
+    source.write_text("base_model: x\n" + BOMB)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ft", "import", "axolotl", str(source)], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, preexec_fn=limit)
+    assert done.returncode == 2 and time.monotonic() - start < 5, done.stderr[-2000:]
+    assert "the anchor &e (line 6)" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_command_imports_no_torch_and_never_the_hub_client(tmp_path):

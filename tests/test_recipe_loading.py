@@ -46,6 +46,24 @@ def test_extends_missing_file(tmp_path):
         load_recipe(tmp_path / "a.yaml")
 
 
+@pytest.mark.parametrize(("base", "says"), [
+    ("nope.yaml", "which does not exist"), ("folder", "which is a directory"), ("list.yaml", "is not a YAML mapping"),
+    ("loop.yaml", "forms a cycle"),
+])
+def test_extends_problems_are_blamed_on_the_extends_line(tmp_path, base, says):
+    """Not on the recipe's line 1: the `extends:` line is what to fix."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "loop.yaml").write_text("extends: a.yaml\n")
+    (tmp_path / "a.yaml").write_text(f"method: sft\ntrain: {{max_steps: 3}}\nextends: {base}\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(tmp_path / "a.yaml")
+    (problem,) = info.value.problems
+    where = f"{tmp_path / 'loop.yaml'}:1" if base == "loop.yaml" else f"{tmp_path / 'a.yaml'}:3"
+    assert problem.path == "extends" and problem.where == where and says in problem.message
+    assert info.value.source == str(tmp_path / "a.yaml")  # listed under the recipe the user named
+
+
 def test_errors_in_a_base_file_point_at_the_base(tmp_path):
     base = tiny_sft(tmp_path / "out")
     base["train"]["warmup_ratio"] = 0.1
@@ -168,6 +186,15 @@ def test_set_errors_name_the_flag(write_recipe, tmp_path):
     assert problem.where == "--set train.max_stepz=3" and "max_steps" in problem.message
     with pytest.raises(RecipeError, match="KEY=VALUE"):
         load_recipe(path, ["train.max_steps"])
+
+
+def test_a_section_set_creates_is_blamed_on_the_flag(write_recipe, tmp_path):
+    """`--set nosuch.key=1` makes a top-level key the recipe never wrote: its problem is the flag's, not line 1's."""
+    path = write_recipe(tiny_sft(tmp_path / "out"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, ["nosuch.key=1"])
+    (problem,) = info.value.problems
+    assert problem.path == "nosuch" and problem.where == "--set nosuch.key=1"
 
 
 def test_scientific_notation_is_a_float(write_recipe, tmp_path):

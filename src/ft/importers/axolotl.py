@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import FtError
-from ..recipe import RecipeError
+from ..recipe import Problem, RecipeError
 from ..recipe.methods import METHOD_SECTIONS
+from ..recipe.yaml_io import YamlSyntaxError, load_yaml
 from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
 from .axolotl_keys import EXPECTED, HANDLERS, Ctx, misfit
 from .axolotl_method import method_of
@@ -46,37 +45,31 @@ class Imported:
 
 
 def read_config(path: Path) -> dict:
-    """The config as Axolotl reads it (``yaml.safe_load``), or ConfigError with one paragraph saying why not."""
+    """The config as Axolotl reads it (YAML 1.1, as ``yaml.safe_load``), through ft's bounded reader
+    (``recipe.yaml_io``: an alias bomb, an alias inside its own anchor, a key written twice, a ``!!python`` tag are
+    refused at their line, in time and memory that the file's size bounds), or ConfigError with one paragraph saying
+    why not."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc}).") from None
-    try:
-        config = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); check the indentation "
-                          "and quoting there.") from None
+        config, _ = load_yaml(path, yaml11=True)
+    except YamlSyntaxError as exc:
+        said = [_said(problem, path) for problem in exc.problems]
+        raise ConfigError(said[0] if len(said) == 1 else "\n".join(["the config cannot be read:", *said])) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: an Axolotl config is a mapping of keys (base_model:, datasets:, …); this file "
                           f"holds {type(config).__name__ if config is not None else 'nothing'}.")
-    if not _acyclic(config):
-        raise ConfigError(f"{path}: a YAML alias refers to itself (a value that contains itself); Axolotl cannot "
-                          "read it either.")
     if "base_model" not in config and "datasets" not in config:
         raise ConfigError(f"{path}: not an Axolotl training config: it has neither `base_model` nor `datasets` (a "
                           "launcher's config, such as Axolotl's cloud/modal.yaml, is not a training config).")
     return {str(key): value for key, value in config.items()}
 
 
-def _acyclic(value: Any, seen: tuple = ()) -> bool:
-    if isinstance(value, (dict, list)):
-        if any(value is other for other in seen):
-            return False
-        items = value.values() if isinstance(value, dict) else value
-        return all(_acyclic(item, (*seen, value)) for item in items)
-    return True
+def _said(problem: Problem, path: Path) -> str:
+    """One problem reading the config as a line: the file as a whole (missing, a directory) cannot be read; any other
+    is at its line, with its key."""
+    if problem.where == str(path):
+        return f"{path}: cannot read it ({problem.message.rstrip('.')})."
+    key = f"{problem.path}: " if problem.path else ""
+    return f"{problem.where}: {key}{problem.message.rstrip('.')}."
 
 
 def empty(value: Any) -> bool:

@@ -25,11 +25,11 @@ from .base import resolve_input_path
 from .errors import Problem, RecipeError, did_you_mean
 from .methods import DEFAULT_METHOD, METHODS, moved_to_method_section
 from .processes import Processes
-from .redact import REDACTED, SECRET_KEY
+from .redact import REDACTED, SECRET_KEY, shown
 from .rules import check_rules
 from .schema import Recipe, recipe_model
 from .train_section import MOVED
-from .yaml_io import Locations, YamlSyntaxError, load_yaml, parse_scalar
+from .yaml_io import NOT_A_MAPPING, Locations, YamlSyntaxError, load_yaml, parse_scalar
 
 
 @dataclass(frozen=True)
@@ -66,34 +66,73 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), processes: Proc
     return LoadedRecipe(recipe, warnings, path, locations)
 
 
-def read_merged(path: Path, _chain: tuple[Path, ...] = ()) -> tuple[dict, Locations]:
+def read_merged(path: Path, _chain: tuple[Path, ...] = (), _via: tuple[str, str, str] | None = None
+                ) -> tuple[dict, Locations]:
     """The recipe as a dict after resolving ``extends:`` (relative to each file; chains allowed). A base's relative
     input paths are made absolute against its own folder (``anchor_input_paths``); the recipe's own stay as written,
-    for ``validate`` to resolve against its folder."""
-    if not path.is_file():
-        raise RecipeError([Problem("", f"recipe file {str(path)!r} does not exist", level="error")], str(path))
-    if path.resolve() in _chain:
-        cycle = " -> ".join(str(p) for p in (*_chain, path.resolve()))
-        raise RecipeError([Problem("extends", f"`extends` forms a cycle: {cycle}. Remove one link.")], str(path))
+    for ``validate`` to resolve against its folder. ``_via``: for a base, (the recipe the user named, the ``extends:``
+    line that names the base, the value written there): what is wrong with the base file as a whole (missing, a
+    directory, not a recipe) is blamed on that line, and every problem is listed under the recipe the user named."""
+    source = _via[0] if _via else str(path)
     try:
-        data, locations = load_yaml(path)
+        data, locations = load_yaml(path, mapping=True)
     except YamlSyntaxError as exc:
-        raise RecipeError([Problem("", str(exc))], str(path)) from None
+        raise RecipeError([_file_problem(p, path, _via) for p in exc.problems], source) from None
     if data is None:
         data = {}
-    if not isinstance(data, dict):
-        raise RecipeError([Problem("", "a recipe must be a mapping of sections (method:, model:, data:, …)",
-                                   locations.get((), str(path)))], str(path))
+    if not _looks_like_a_recipe(data):
+        line = locations.get((), str(path)).rpartition(":")[2]
+        problem = Problem("", f"{_NOT_A_RECIPE}: none of its {len(data)} top-level keys is a recipe's (method:, "
+                              f"model:, data:, train:, …) or close to one, from line {line}; is it the right file?",
+                          locations.get((), str(path)))
+        raise RecipeError([_file_problem(problem, path, _via)], source)
     if _chain:  # a base of the recipe: its paths are relative to its own folder, not to the recipe extending it
         anchor_input_paths(data, path.resolve().parent)
     parent = data.pop("extends", None)
     if parent is None:
         return data, locations
-    if not isinstance(parent, str):
-        raise RecipeError([Problem("extends", "must be a path to another recipe file",
-                                   locations.get(("extends",), ""))], str(path))
-    base, base_locations = read_merged(path.parent / parent, (*_chain, path.resolve()))
-    return deep_merge(base, data), {**base_locations, **locations}
+    where = locations.get(("extends",), str(path))
+    if not isinstance(parent, str) or not parent.strip() or "\0" in parent:
+        raise RecipeError([Problem("extends", f"must be a path to another recipe file (got {shown(parent)})", where)],
+                          source)
+    base = path.parent / parent
+    if base.resolve() in (*_chain, path.resolve()):
+        cycle = " -> ".join(str(p) for p in (*_chain, path.resolve(), base.resolve()))
+        raise RecipeError([Problem("extends", f"`extends` forms a cycle: {cycle}. Remove one link.", where)], source)
+    merged, base_locations = read_merged(base, (*_chain, path.resolve()), (source, where, shown(parent)))
+    return deep_merge(merged, data), {**base_locations, **locations}
+
+
+def _file_problem(problem: Problem, path: Path, via: tuple[str, str, str] | None) -> Problem:
+    """A problem reading the recipe file ``path`` as a recipe's problem. One with the file as a whole (missing, a
+    directory, not a mapping, not a recipe) names the file; in a base (read through ``extends:``, ``via``) it is the
+    ``extends:`` line's. One at a line of the file (YAML syntax, a key written twice) stays at that line."""
+    whole = problem.where == str(path) or problem.message.startswith((_NOT_A_RECIPE, NOT_A_MAPPING))
+    if not whole:  # at its line; its key only when a recipe could have written it (else it is the file's own text)
+        top = problem.path.partition(".")[0]
+        keys = _recipe_keys()
+        known = not top or top in keys or bool(did_you_mean(top, keys))
+        return problem if known else Problem("", problem.message, problem.where, problem.level)
+    if via is None:
+        return problem if problem.where != str(path) else Problem("", f"recipe file {str(path)!r} {problem.message}")
+    _, where, parent = via
+    return Problem("extends", f"names {parent}, which {problem.message}", where)
+
+
+_NOT_A_RECIPE = "is not a recipe"
+
+
+@cache
+def _recipe_keys() -> frozenset[str]:
+    """Every top-level key a recipe of some method may write, and ``extends``."""
+    return frozenset({"extends", *(key for method in METHODS for key in _keys(recipe_model(method)))})
+
+
+def _looks_like_a_recipe(data: dict) -> bool:
+    """False for a mapping none of whose top-level keys is a recipe's or close to one (``/etc/shadow`` read as YAML
+    is a mapping of its lines): its keys are not shown back as unknown keys, since they are the file's own text."""
+    keys = _recipe_keys()
+    return not data or any(str(key) in keys or did_you_mean(str(key), keys) for key in data)
 
 
 def anchor_input_paths(raw: dict, folder: Path) -> None:
@@ -177,13 +216,19 @@ def _apply_set(raw: dict, locations: Locations, item: str, source: str) -> None:
             node[part] = [] if isinstance(nxt, int) else {}
         node = node[part]
     last = parts[-1]
+    try:
+        value = parse_scalar(text, where)
+    except YamlSyntaxError as exc:
+        raise RecipeError([Problem(key.strip(), p.message, where) for p in exc.problems], source) from None
     if isinstance(node, list):
         if not isinstance(last, int) or last > len(node):
             raise RecipeError([Problem(key, "no such list item", where)], source)
-        node[last:last + 1] = [parse_scalar(text)]
+        node[last:last + 1] = [value]
     else:
-        node[last] = parse_scalar(text)
+        node[last] = value
     locations[tuple(parts)] = where
+    for end in range(1, len(parts)):  # a section or key the flag creates is the flag's (`--set nosuch.key=1`)
+        locations.setdefault(tuple(parts[:end]), where)
 
 
 def validate(raw: dict, locations: Locations, base_dir: Path, source: str = "",
@@ -220,8 +265,9 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
     dotted = ".".join(str(p) for p in loc)
     where = _where(dotted, locations)
     kind = err["type"]
-    secret = bool(loc) and bool(SECRET_KEY.search(str(loc[-1])))  # a credential's value is never repeated
-    value = REDACTED if secret else err.get("input")
+    secret = any(SECRET_KEY.search(str(part)) for part in loc)  # a credential's value is never repeated
+    value = err.get("input")
+    got = shown(value, loc)
     if kind == "extra_forbidden":
         moved = {**MOVED, **moved_to_method_section(cls.model_fields["method"].default)}
         if loc[:1] == ("train",) and len(loc) == 2 and loc[-1] in moved:  # e.g. warmup_ratio, gone in 5.x
@@ -236,12 +282,12 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
     if kind == "literal_error":
         choices = re.findall(r"'([^']*)'|(\d+)", err["ctx"]["expected"])
         options = [a or b for a, b in choices]
-        return Problem(dotted, f"got {value!r}; allowed: {', '.join(options)}.{did_you_mean(value, options)}"
-                               f"{_yaml_hint(err)}", where)
+        hint = "" if secret else did_you_mean(value, options)
+        return Problem(dotted, f"got {got}; allowed: {', '.join(options)}.{hint}{_yaml_hint(err)}", where)
     if kind == "value_error":
-        got = "" if secret else f" (got {value!r})"
-        return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')}{got}.", where)
-    return Problem(dotted, f"{err['msg']} (got {value!r}).{_yaml_hint(err)}", where)
+        said = "" if secret else f" (got {got})"
+        return Problem(dotted, f"{err['msg'].removeprefix('Value error, ')}{said}.", where)
+    return Problem(dotted, f"{err['msg']} (got {got}).{_yaml_hint(err)}", where)
 
 
 _QUOTE_IT = (" Unquoted `true`/`false` is a YAML boolean, and this key takes a string: quote the value, "

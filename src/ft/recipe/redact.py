@@ -1,12 +1,13 @@
 """Secrets in recipe values: which keys name credentials, and a value with them replaced.
 
 Pure functions over plain data: the resolved recipe (``recipe.resolved``), the rules, the importers and the resume
-command (``ft.outputs.checkpoints``) all redact with these.
+command (``ft.outputs.checkpoints``) all redact with these; a recipe's error messages show values through ``shown``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 # names of credentials, not of vocabulary tokens (eos_token, max_new_tokens stay visible)
 SECRET_KEY = re.compile(
@@ -17,12 +18,38 @@ SECRET_KEY = re.compile(
 REDACTED = "<redacted>"
 
 
-def redact(value, key: str = ""):
-    """``value`` (YAML data) with every value under a credential-named key replaced by ``REDACTED``."""
+def redact(value, key: str = "", under_secret: bool = False):
+    """``value`` (YAML data) with every value under a credential-named key replaced by ``REDACTED``, at any depth
+    below it (``hub_token: {a: ...}`` hides ``a``'s value too)."""
+    secret = under_secret or bool(SECRET_KEY.search(key))
     if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
+        return {k: redact(v, str(k), secret) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v, key) for v in value]
-    if value is not None and SECRET_KEY.search(key) and not isinstance(value, bool):
+        return [redact(v, key, secret) for v in value]
+    if value is not None and secret and not isinstance(value, bool):
         return REDACTED
     return value
+
+
+def shown(value, path: Sequence = (), limit: int = 100) -> str:
+    """``value`` as an error message shows it (``got ...``): ``REDACTED`` when a key on its ``path`` names a
+    credential; a mapping by its keys alone, since the values under keys no schema knows may be credentials
+    (``run_name: {api_key: ...}``); cut to ``limit`` characters, since aliases can make a value large."""
+    if value is not None and not isinstance(value, bool) and any(SECRET_KEY.search(str(p)) for p in path):
+        return REDACTED
+    text = _brief(value, limit)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _brief(value, limit: int) -> str:
+    """The repr of ``value`` with a mapping's values elided, stopping once past ``limit`` characters."""
+    if not isinstance(value, (dict, list)):
+        return repr(value)
+    items = value if isinstance(value, list) else [f"{key!r}: …" for key in value]
+    parts: list[str] = []
+    for item in items:
+        parts.append(item if isinstance(value, dict) else _brief(item, limit))
+        if sum(map(len, parts)) > limit:
+            break
+    inner = ", ".join(parts)
+    return "{" + inner + "}" if isinstance(value, dict) else "[" + inner + "]"
