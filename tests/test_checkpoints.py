@@ -374,3 +374,68 @@ def test_the_trainer_is_built_without_transformers_own_stop_on_sigterm(write_rec
     assert trainer.args.enable_jit_checkpoint is True
     assert not [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# --- a completed step is never trained again ------------------------------------------------------------------------
+
+
+def _weights(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_last_checkpoint_writes_final_from_it_without_training(saved_run, tmp_path):
+    """Killed after checkpoint-4 of 4 (or its final/ write failed on a full disk, which ft's message says to resume
+    from): the same command writes final/ from checkpoint-4, the uninterrupted run's final/, and trains no step 5."""
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    for name in ("summary.json", "final"):
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2)))
+
+    resumed = run_ft("train", str(recipe), "--set", "train.logging_steps=1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step 5/4" not in resumed.stderr and "nothing is left to train" in resumed.stderr, resumed.stderr[-3000:]
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert_same_final_weights(out, saved_run)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 4
+    assert summary["resumed_from"] == str(out / "checkpoint-4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["cut", "missing"])
+def test_a_completed_runs_final_that_does_not_read_back_is_written_again(saved_run, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    weights = out / "final" / "model.safetensors"
+    _cut(weights) if damage == "cut" else weights.unlink()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2)))
+
+    again = run_ft("train", str(recipe))
+    assert again.returncode == 0, again.stderr[-3000:]
+    named = "final/model.safetensors does not read back" if damage == "cut" else "final/ holds no weights file"
+    assert f"{out}/{named}" in again.stderr and "writing it again from" in again.stderr, again.stderr
+    assert "nothing is left to train" in again.stderr
+    assert_same_final_weights(out, saved_run)
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    # whole again: the run is complete, and --resume auto says so
+    refused = run_ft("train", str(recipe))
+    assert refused.returncode == 2 and "already holds a completed run" in refused.stderr
+
+
+def test_a_final_dir_is_judged_by_the_weights_it_holds(saved_run, tmp_path):
+    from ft.outputs.checkpoints import final_problem
+
+    final = tmp_path / "final"
+    assert final_problem(final) == "is missing"
+    shutil.copytree(saved_run / "final", final)
+    assert final_problem(final) is None
+    _cut(final / "model.safetensors")
+    assert final_problem(final).startswith("model.safetensors does not read back")
+    (final / "model.safetensors").unlink()
+    assert final_problem(final).startswith("holds no weights")

@@ -101,15 +101,75 @@ def test_a_write_the_disk_cannot_hold_is_named_with_the_checkpoint_to_resume_fro
     command = f"$PY -m ft train {tmp_path / 'recipe.yaml'} --set train.output_dir=$MNT/run {QUICK}"
     _in_small_disk(tmp_path, f"""
         FILL=1 {command} > $OUT/first.log 2>&1; echo $? > $OUT/first.rc
-        ls $MNT/run > $OUT/first.ls
+        ls $MNT/run > $OUT/first.ls; cp $MNT/run/summary.json $OUT/first.json
+        cp $MNT/run/error.log $OUT/first-error.log
         rm $MNT/filler
-        {command} > $OUT/second.log 2>&1; echo $? > $OUT/second.rc
-        ls $MNT/run > $OUT/second.ls""", megabytes=12)
+        {command} --set train.logging_steps=1 > $OUT/second.log 2>&1; echo $? > $OUT/second.rc
+        ls $MNT/run > $OUT/second.ls; cp $MNT/run/final/model.safetensors $OUT/final.safetensors
+        cp $MNT/run/checkpoint-40/model.safetensors $OUT/checkpoint.safetensors""", megabytes=12)
     first = _read(tmp_path, "first.log")
     assert _read(tmp_path, "first.rc").strip() == "1", first[-3000:]
     assert "is full: writing final/ failed" in first and "The last complete checkpoint is checkpoint-40" in first
     assert "Traceback" not in first and "not a recipe error" not in first
     assert "final" not in _read(tmp_path, "first.ls").split()  # the half-written final/ is gone
+    failure = json.loads(_read(tmp_path, "first.json"))["failure"]
+    assert failure["traceback"] == str(tmp_path / "mnt" / "run" / "error.log")  # the disk filled by something else:
+    # ft gives back the room it kept for this record (disk.hold_reserve), so the summary and the traceback are written
+    assert "Traceback" in _read(tmp_path, "first-error.log")  # the file summary.json names exists
+    # the run had trained its last step (checkpoint-40 of 40): resuming writes final/ from it and trains nothing
     second = _read(tmp_path, "second.log")
     assert _read(tmp_path, "second.rc").strip() == "0", second[-3000:]
-    assert "final" in _read(tmp_path, "second.ls").split()
+    assert "final" in _read(tmp_path, "second.ls").split() and "checkpoint-41" not in _read(tmp_path, "second.ls")
+    assert "step 41/40" not in second and "nothing is left to train" in second, second[-3000:]
+    from safetensors.torch import load_file
+
+    final, checkpoint = (load_file(tmp_path / "out" / name) for name in ("final.safetensors", "checkpoint.safetensors"))
+    assert final.keys() == checkpoint.keys() and all((final[k] == checkpoint[k]).all() for k in final)
+
+
+def test_an_output_dir_on_a_read_only_filesystem_is_refused_before_the_data_is_prepared(tmp_path):
+    command = (f"$PY -m ft train recipes/quickstart.yaml --set train.output_dir=$MNT/run "
+               f"--set data.prepared_path=$OUT/prepared {QUICK}")
+    _in_small_disk(tmp_path, f"mount -o remount,ro $MNT && {{ {command} > $OUT/ro.log 2>&1; echo $? > $OUT/ro.rc; }}",
+                   megabytes=1)
+    log = _read(tmp_path, "ro.log")
+    assert _read(tmp_path, "ro.rc").strip() == "2", log[-3000:]
+    assert "train.output_dir" in log and "read-only" in log and "Traceback" not in log, log[-3000:]
+    assert not (tmp_path / "out" / "prepared").exists()  # refused before the data was prepared
+
+
+WRITE_WHEN_FULL = """
+import json, os, sys
+from pathlib import Path
+from ft.inference.exact_match import write_answers
+from ft.outputs.summary import write_summary
+
+run = Path(os.environ["MNT"]) / "run"
+run.mkdir()
+write_summary(run, {"status": "stopped", "steps": 10})
+with open(Path(os.environ["MNT"]) / "filler", "wb", buffering=0) as filler:  # the disk fills, by something else
+    try:
+        while True:
+            filler.write(b"\\0" * 4096)
+    except OSError:
+        pass
+failed = []
+for write in (lambda: write_summary(run, {"status": "failed", "steps": 10, "log": ["x" * 100] * 2000}),
+              lambda: write_answers(run / "exact_match.jsonl", {"answers": [{"prompt": "p" * 100, "expected": "1",
+                                                                             "got": "2"}] * 2000}, None)):
+    try:
+        write()
+    except OSError as exc:
+        failed.append(type(exc).__name__)
+print(json.dumps({"failed": failed, "files": sorted(p.name for p in run.iterdir()),
+                  "summary": json.loads((run / "summary.json").read_text())}))
+"""
+
+
+def test_summary_and_exact_match_answers_are_written_whole_or_not_at_all_on_a_full_disk(tmp_path):
+    (tmp_path / "write_when_full.py").write_text(WRITE_WHEN_FULL)
+    _in_small_disk(tmp_path, f"$PY {tmp_path / 'write_when_full.py'} > $OUT/result.json", megabytes=1)
+    result = json.loads(_read(tmp_path, "result.json"))
+    assert result["failed"] == ["OSError", "OSError"]  # both writes failed for want of space ...
+    assert result["files"] == ["summary.json"]  # ... leaving no 0-byte exact_match.jsonl, no temporary file
+    assert result["summary"] == {"status": "stopped", "steps": 10}  # and the previous summary.json whole

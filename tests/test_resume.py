@@ -79,3 +79,27 @@ def test_the_resume_command_is_the_command_that_ran_less_what_would_undo_the_res
                                      b"-m", b"ft", b"train", b"r.yaml", b"--resume=never", b""]))
     assert resume_command(["x", "train", "r.yaml"], launcher) == \
         "/usr/bin/python -m torch.distributed.run --nproc_per_node 2 -m ft train r.yaml"
+
+
+def test_a_run_by_epochs_killed_after_its_last_step_trains_no_step_past_its_end(write_recipe, tmp_path):
+    """num_train_epochs without max_steps, ending inside an epoch (0.01 of 375 steps: 4): a run killed after its last
+    checkpoint (checkpoint-4) resumes to final/ without training a step 5, as the uninterrupted run ended."""
+    def by_epochs(out):
+        recipe = tiny_sft(out, save_strategy="steps", save_steps=2, num_train_epochs=0.01, logging_steps=1)
+        del recipe["train"]["max_steps"]
+        return recipe
+
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    path = write_recipe(by_epochs(out))
+    assert run_ft("train", str(path)).returncode == 0
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    shutil.copytree(out, reference)
+    shutil.rmtree(out / "final")  # as a kill after checkpoint-4 leaves it
+    (out / "summary.json").unlink()
+
+    resumed = run_ft("train", str(path))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step 5/4" not in resumed.stderr and "nothing is left to train" in resumed.stderr, resumed.stderr[-3000:]
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert_same_final_weights(out, reference)
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4

@@ -149,7 +149,9 @@ def _temp_dir(name: str) -> str:
 def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
     """The paragraph for an exception ft has no explanation for (a bug, or a library's failure): what failed, the first
     line of its message, and where its traceback was written (``output_dir``/error.log; a rank's own file under
-    several processes). With FT_DEBUG=1 the exception is raised instead."""
+    several processes). ``ft train`` writes that file itself when a run fails once its trainer is built, the file its
+    summary.json names (``ft_error_log`` on the exception); it is not written twice. With FT_DEBUG=1 the exception is
+    raised instead."""
     import os
     import traceback
 
@@ -157,9 +159,13 @@ def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
         raise exc
     rank = os.environ.get("RANK", "0")  # under torchrun every process may fail; each keeps its own traceback
     log = Path(output_dir) / ("error.log" if rank == "0" else f"error-rank{rank}.log")
+    written = getattr(exc, "ft_error_log", None)
     try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("".join(traceback.format_exception(exc)))
+        if written and Path(written).is_file():
+            log = Path(written)
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("".join(traceback.format_exception(exc)))
         where = f"the full traceback is in {log}"
     except OSError:
         where = "set FT_DEBUG=1 to see the traceback"

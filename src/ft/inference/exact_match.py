@@ -154,16 +154,21 @@ def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
 def write_answers(path, after: dict, before: list[dict] | None) -> None:
     """``exact_match.jsonl``: each held-out row's prompt, expected answer and greedy answer after training (and
     before, from the ``answers`` of the score before training), so what training changed can be read row by row.
-    Takes the ``answers`` out of ``after`` (summary.json keeps the first few as ``examples``)."""
+    Takes the ``answers`` out of ``after`` (summary.json keeps the first few as ``examples``). Written whole or not at
+    all (``outputs.disk.write_whole``): a full disk leaves no file cut short."""
     import json
+    from pathlib import Path
+
+    from ..outputs.disk import write_whole
 
     answers = after.pop("answers")
-    with open(path, "w", encoding="utf-8") as out:
-        for i, row in enumerate(answers):
-            line = {"prompt": row["prompt"], "expected": row["expected"], "after": row["got"]}
-            if before is not None:
-                line["before"] = before[i]["got"]
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    lines = []
+    for i, row in enumerate(answers):
+        line = {"prompt": row["prompt"], "expected": row["expected"], "after": row["got"]}
+        if before is not None:
+            line["before"] = before[i]["got"]
+        lines.append(json.dumps(line, ensure_ascii=False) + "\n")
+    write_whole(Path(path), "".join(lines))
 
 
 def _rows(recipe, sources, keys: list[str]):

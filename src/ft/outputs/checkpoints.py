@@ -8,6 +8,11 @@ a later ``--resume auto`` would pick them up. How a run stops by signal is in ``
 A checkpoint that finished writing can still be damaged later (a disk or copy fault). Before a run resumes, the files
 resuming reads are checked to read back (``unreadable_files``); ``--resume auto`` passes over a damaged checkpoint,
 naming the file and what is wrong, to the newest one that reads back.
+
+``final/`` is written as ``final.writing/`` and renamed when whole (``ft.run.train``), so a kill or a full disk never
+leaves a ``final/`` cut short; one damaged later, or written cut short by an older ft, is judged by the weights it
+holds (``final_problem``). A completed run whose ``final/`` does not read back resumes from its newest checkpoint,
+which writes ``final/`` again (from the last step's checkpoint, without training: ``ft.run.train``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from ..recipe.errors import first_line
 from ..recipe.redact import REDACTED, SECRET_KEY
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
+FINAL = "final"  # the trained model, in the output directory
+FINAL_WRITING = "final.writing"  # final/ while it is written; renamed to final/ when whole
+RESERVE = ".ft-reserve"  # disk space a run keeps for the record of its failure (ft.outputs.disk.hold_reserve)
 
 
 class ResumeError(FtError):
@@ -48,10 +56,12 @@ class Unreadable:
 
 @dataclass(frozen=True)
 class Resume:
-    """The checkpoint a run resumes from (None: a fresh start), and the newer ones passed over as damaged."""
+    """The checkpoint a run resumes from (None: a fresh start), the newer ones passed over as damaged, and what is
+    wrong with a completed run's ``final/`` that is to be written again from it."""
 
     path: str | None
     passed_over: tuple[Unreadable, ...] = ()
+    final_problem: str | None = None
 
 
 # torch archives (optimizer, scheduler, RNG states) up to this size are read whole to check every member's CRC; a
@@ -99,6 +109,38 @@ def _torch_archive_problem(path: Path) -> str:
     return f"its part {bad} fails its checksum (damaged)" if bad else ""
 
 
+def final_problem(final: Path) -> str | None:
+    """What is wrong with a ``final/`` folder, or None when it holds a model that reads back: weights in safetensors
+    (a sharded model: every shard its index lists) or a torch archive, each checked as a checkpoint's are
+    (``unreadable_files``), and a ``config.json`` or ``adapter_config.json``."""
+    if not final.is_dir():
+        return "is missing"
+    weights = sorted(p for p in final.iterdir() if p.is_file() and (
+        p.suffix == ".safetensors" or (p.name.startswith("pytorch_model") and p.suffix == ".bin")))
+    for index in sorted(final.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"{index.name} is not a whole index of the weights (cut short or damaged)"
+        missing = sorted(name for name in shards if not (final / name).is_file())
+        if missing:
+            return f"{missing[0]}, listed in {index.name}, is missing"
+    if not weights:
+        return "holds no weights file (model.safetensors, adapter_model.safetensors or pytorch_model.bin)"
+    for path in weights:
+        problem = _safetensors_problem(path) if path.suffix == ".safetensors" else _torch_archive_problem(path)
+        if problem:
+            return f"{path.name} {problem}"
+    if not (final / "config.json").is_file() and not (final / "adapter_config.json").is_file():
+        return "holds no config.json (nor adapter_config.json)"
+    return None
+
+
+def _in_final(problem: str) -> str:
+    """``final_problem``'s text after the folder's name: ``final/ is missing``, ``final/model.safetensors does …``."""
+    return f"{FINAL}/ {problem}" if problem.startswith(("is ", "holds ")) else f"{FINAL}/{problem}"
+
+
 def complete_checkpoints(output_dir: Path) -> list[Path]:
     """``checkpoint-N`` folders that finished writing, oldest first.
 
@@ -140,8 +182,8 @@ def previous_run(output_dir: Path) -> list[str]:
 
 def clear_previous_run(output_dir: Path) -> None:
     """Delete what a run writes in ``output_dir`` (``--overwrite``); files of the user's own stay."""
-    names = ("final", "plots", "summary.json", "log_history.json", "recipe.yaml",
-             "tb", "trackio")  # the trackers' folders under output_dir (ft.machine.trackers.LOCAL_DIRS)
+    names = (FINAL, FINAL_WRITING, RESERVE, "plots", "summary.json", "log_history.json", "recipe.yaml",
+             "exact_match.jsonl", "tb", "trackio")  # tb, trackio: the trackers' (ft.machine.trackers.LOCAL_DIRS)
     for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("error*.log"),
                  *(output_dir / name for name in names)]:
         if path.is_dir():
@@ -152,8 +194,9 @@ def clear_previous_run(output_dir: Path) -> None:
 
 def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> Resume:
     """``auto``: the newest complete checkpoint that reads back, if any (an error when the run there already
-    completed, or when no checkpoint reads back); ``never``: start fresh, where no other run is (or after clearing it,
-    with ``overwrite``); else a path, which must read back."""
+    completed with a ``final/`` that reads back, or when no checkpoint reads back; a completed run whose ``final/``
+    does not read back resumes from its newest checkpoint, which writes it again); ``never``: start fresh, where no
+    other run is (or after clearing it, with ``overwrite``); else a path, which must read back."""
     if overwrite:
         if mode not in ("auto", "never"):
             raise ResumeError(f"--overwrite deletes the run in {output_dir} and starts over, so it cannot resume from "
@@ -169,11 +212,19 @@ def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> Resu
                               "delete them first, or set train.output_dir to a new directory.")
         return Resume(None)
     if mode == "auto":
-        if _completed(output_dir):
+        if not _completed(output_dir):
+            return _newest_that_reads_back(output_dir)
+        problem = final_problem(output_dir / FINAL)
+        if problem is None:
             raise ResumeError(f"{output_dir} already holds a completed run ({output_dir / 'summary.json'} says "
                               "`completed`; its model is in final/). To train it again from the start into the "
                               "same folder pass `--resume never`; to keep it, set `train.output_dir` elsewhere.")
-        return _newest_that_reads_back(output_dir)
+        found = _newest_that_reads_back(output_dir)
+        if found.path is None:
+            raise ResumeError(f"{output_dir} holds a completed run whose {_in_final(problem)}, and no checkpoint to "
+                              "write it again from. Restore final/ from a copy, or train the run again: `--resume "
+                              "never --overwrite` (deletes the run there) or another `train.output_dir`.")
+        return Resume(found.path, found.passed_over, _in_final(problem))
     path = Path(mode)
     if not (path / "trainer_state.json").exists():
         raise ResumeError(f"--resume {mode}: not a complete checkpoint folder (no trainer_state.json there); "

@@ -13,15 +13,17 @@ command that resumes.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import shutil
 from pathlib import Path
 
 from ..errors import FtError
 from ..units import human
-from .checkpoints import complete_checkpoints
+from .checkpoints import FINAL, FINAL_WRITING, RESERVE, complete_checkpoints
 
 MARGIN = 1.2  # free space wanted per checkpoint: its size and a fifth more (trainer state, RNG files, a grown state)
+RESERVE_BYTES = 256 * 2**10  # held for the record of a failure: summary.json and error.log (see hold_reserve)
 _FULL = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|file write failed")  # torch's writer too
 
 
@@ -39,6 +41,47 @@ def free_bytes(path: Path) -> int:
 
 def size_of(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def hold_reserve(output_dir: Path, size: int = RESERVE_BYTES) -> None:
+    """Keep ``size`` bytes of the output directory's disk in a file of their own (``.ft-reserve``), freed by
+    ``free_reserve`` when the run fails, before it writes summary.json and error.log: a disk another program filled
+    still takes the record of why the run ended. Where even that does not fit, there is no reserve (the run is told of
+    the full disk when it writes)."""
+    path = output_dir / RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            else:  # pragma: no cover - macOS: the blocks written
+                os.pwrite(fd, bytes(size), 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        path.unlink(missing_ok=True)
+
+
+def free_reserve(output_dir: Path) -> None:
+    """The reserve ``hold_reserve`` kept, given back to the disk (at a failure, and when the run ends)."""
+    (output_dir / RESERVE).unlink(missing_ok=True)
+
+
+def write_whole(path: Path, text: str) -> Path:
+    """``text`` into ``path``, whole or not at all: written under a temporary name beside it, flushed to the disk,
+    then renamed over it (``os.replace``, atomic on one filesystem). A full disk or a kill mid-write leaves the
+    previous version (or no file), never one cut short; the temporary file is removed when the write fails."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.writing")
+    try:
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def start_warning(output_dir: Path, checkpoint_bytes: float, kept: int | None) -> str | None:
@@ -62,7 +105,8 @@ def start_warning(output_dir: Path, checkpoint_bytes: float, kept: int | None) -
 def explain(exc: BaseException, output_dir: Path, command: str, final: bool = False) -> DiskFull | None:
     """A ``DiskFull`` for a failure that is a full disk (anywhere in the exception's chain), else None. What was being
     written is removed (a half-written checkpoint cannot be resumed from, and it holds the space a resume needs):
-    ``final/`` when ``final`` (training had ended), else the checkpoint folders that are not complete."""
+    ``final/`` when ``final`` (training had ended: its temporary folder, and a ``final/`` it was to replace), else the
+    checkpoint folders that are not complete."""
     seen, current = [], exc
     while current is not None and current not in seen:
         seen.append(current)
@@ -71,11 +115,11 @@ def explain(exc: BaseException, output_dir: Path, command: str, final: bool = Fa
                for e in seen):
         return None
     complete = complete_checkpoints(output_dir)
-    partial = [output_dir / "final"] if final else [
+    partial = [output_dir / FINAL_WRITING, output_dir / FINAL] if final else [
         p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p not in complete]
     for folder in partial:
         shutil.rmtree(folder, ignore_errors=True)
-    writing = ", ".join(p.name + "/" for p in partial) or "a file of the run"
+    writing = f"{FINAL}/" if final else ", ".join(p.name + "/" for p in partial) or "a file of the run"
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     return DiskFull(
         f"the disk holding {output_dir} is full: writing {writing} failed ({type(exc).__name__}: {first}); "

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..recipe.methods import METHODS
+from .disk import write_whole
 
 
 def summarize(status: str, log_history: list[dict], *, steps: int, train_seconds: float,
@@ -107,9 +108,9 @@ def best_checkpoint(state, args) -> dict | None:
 
 
 def write_summary(output_dir: Path, summary: dict) -> Path:
-    path = output_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-    return path
+    """``summary.json``, written whole or not at all (``disk.write_whole``): a full disk or a kill leaves the previous
+    one readable, never a file cut short that tools cannot parse."""
+    return write_whole(output_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=False) + "\n")
 
 
 LOG_HISTORY = "log_history.json"
@@ -118,6 +119,4 @@ LOG_HISTORY = "log_history.json"
 def write_log_history(output_dir: Path, log_history: list[dict]) -> Path:
     """``log_history.json``: the trainer's log entries as the summary and plots read them (``ft report --plots``
     draws several runs from it)."""
-    path = output_dir / LOG_HISTORY
-    path.write_text(json.dumps(log_history) + "\n")
-    return path
+    return write_whole(output_dir / LOG_HISTORY, json.dumps(log_history) + "\n")

@@ -15,6 +15,12 @@ single process does (validation, resume, drift, JIT checkpoints, the summary) ha
 - **Data first.** With ``data.prepared_path``, ft tokenizes in this process before any rank starts, so no rank
   waits on another inside a collective (and none can hit the process group's timeout while the data is built).
 - **The resume command** each rank prints and records is this command line (``FT_RESUME_COMMAND``).
+- **One run per output directory.** On one machine ft holds the output directory's lock (``ft.outputs.lock``)
+  before it prepares the data or starts a rank, and names itself to the ranks (``FT_LOCK_HOLDER``): rank 0 finds the
+  lock held by its launcher and goes on, the other ranks never take it, and a second ``ft train`` into the directory
+  is refused before any of its ranks start. Across machines (``--nnodes``, or an accelerate config, which may name
+  several) each machine runs its own launcher, so none holds it: the run's rank 0 takes it itself. A launcher killed
+  with SIGKILL lets go at once, while its ranks save their checkpoint and end (``watch_parent``).
 
 Several machines: run the same ``ft train`` on each with ``--nnodes``, ``--node-rank`` and ``--master-addr``/
 ``--master-port`` (a static rendezvous, as torchrun's), or ``--rdzv-endpoint`` (c10d rendezvous, ranks assigned by
@@ -47,6 +53,7 @@ from .signals import STOP_SIGNALS, exit_code
 FLAGS = ("--num-processes", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
 RESUME_COMMAND_ENV = "FT_RESUME_COMMAND"
 LAUNCHED_ENV = "FT_LAUNCHED"  # set for the ranks ft starts: they watch their parent
+LOCK_HOLDER_ENV = "FT_LOCK_HOLDER"  # set for the ranks ft starts when it holds the output directory: its pid
 SHUTDOWN_TIMEOUT = 3600  # seconds the launcher gives ranks that are still saving after one rank ended
 
 
@@ -188,17 +195,30 @@ def rank_argv(argv: list[str]) -> list[str]:
 
 def run(loaded: LoadedRecipe, launch: Launch, argv: list[str], command: str, say: Callable[[str], None]) -> int:
     """Start the ranks of ``ft train`` (``argv``: this command's arguments after ``ft``), pass stop signals on,
-    wait for them, and return the exit code ft should end with."""
-    _prepare_data(loaded, launch, say)
-    env = {RESUME_COMMAND_ENV: command, LAUNCHED_ENV: "1"}
-    args = ["-m", "ft", *rank_argv(argv)]
-    say(f"ft: starting {launch.describe()}; each runs `python {' '.join(args)}`")
-    with _environment(env), _PassSignalsOn() as relay:
-        if launch.accelerate_config is not None:
-            codes = _accelerate(launch, args, relay)
-        else:
-            codes = _elastic(launch, args)
+    wait for them, and return the exit code ft should end with. On one machine the output directory is held from
+    before the data is prepared until the last rank ends (see the module)."""
+    from ..outputs import lock
+
+    holds = launch.nnodes == 1 and launch.accelerate_config is None
+    held = lock.output_dir(Path(loaded.recipe.train_args["output_dir"])) if holds else contextlib.nullcontext()
+    with held:
+        _prepare_data(loaded, launch, say)
+        env = {RESUME_COMMAND_ENV: command, LAUNCHED_ENV: "1", **({LOCK_HOLDER_ENV: str(os.getpid())} if holds else {})}
+        args = ["-m", "ft", *rank_argv(argv)]
+        say(f"ft: starting {launch.describe()}; each runs `python {' '.join(args)}`")
+        with _environment(env), _PassSignalsOn() as relay:
+            if launch.accelerate_config is not None:
+                codes = _accelerate(launch, args, relay)
+            else:
+                codes = _elastic(launch, args)
     return _exit_code(codes, relay.received, say)
+
+
+def lock_holder() -> int | None:
+    """In a rank ft started on one machine: the process id of ft, which holds the output directory for the run
+    (``FT_LOCK_HOLDER``); else None."""
+    value = os.environ.get(LOCK_HOLDER_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 def _prepare_data(loaded: LoadedRecipe, launch: Launch, say: Callable[[str], None]) -> None:
@@ -212,7 +232,7 @@ def _prepare_data(loaded: LoadedRecipe, launch: Launch, say: Callable[[str], Non
     from .preprocess import preprocess
 
     say(f"ft: preparing the data once, before the ranks start, into {recipe.data.prepared_path}")
-    preprocess(loaded, say=say)
+    preprocess(loaded, say=say, wait=True)
 
 
 def _elastic(launch: Launch, args: list[str]) -> dict[int, int]:

@@ -1,17 +1,22 @@
 """``ft preprocess``: the data of a recipe tokenized once, with loss masks and a length column, into
-``data.prepared_path``, where ``ft train`` (and every rank of a multi-process run) reads it."""
+``data.prepared_path``, where ``ft train`` (and every rank of a multi-process run) reads it. The path is held while it
+is checked and written (``ft.outputs.lock``): two writers would swap in each other's half-written folders."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from .. import data
 from ..model import loading, locate
+from ..outputs import lock
 from ..recipe import LoadedRecipe, Problem
 
 
-def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data.PreparedData:
-    """Tokenize once into ``data.prepared_path`` (a no-op when the fingerprint already matches)."""
+def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, wait: bool = False) -> data.PreparedData:
+    """Tokenize once into ``data.prepared_path`` (a no-op when the fingerprint already matches). When another process
+    writes it, ``ft preprocess`` is refused (exit 2, naming it); ``wait`` (the launcher of a run's ranks) waits for it
+    instead, then reuses what it wrote."""
     recipe = loaded.recipe
     if recipe.data.prepared_path is None:
         raise loaded.error([Problem("data.prepared_path", "`ft preprocess` writes the tokenized dataset there; "
@@ -19,5 +24,6 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> data
     problems = loading.gguf_problems(recipe.model)
     if problems:
         raise loaded.error(problems)
-    tokenizer = locate.start_processing_class(recipe.model)
-    return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)
+    with lock.prepared_path(Path(recipe.data.prepared_path), wait=wait, say=say):
+        tokenizer = locate.start_processing_class(recipe.model)
+        return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)

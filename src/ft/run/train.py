@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import sys
+import contextlib
+import os
+import shutil
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +16,7 @@ from .. import data
 from ..inference import exact_match
 from ..machine import hardware
 from ..model import adapters, bnb_import, loading, locate
-from ..outputs import checkpoints, disk, hub_push
+from ..outputs import checkpoints, disk, hub_push, lock
 from ..outputs.plots import write_plots
 from ..outputs.summary import (
     PHASES,
@@ -33,7 +36,7 @@ from ..trainers import distributed, preflight
 from ..trainers.build import TrainerInputs, build_trainer
 from ..trainers.hooks import Hooks, resolve_hooks
 from ..trainers.plugins import PluginError
-from . import hub, ranks, signals
+from . import hub, launch, ranks, signals
 from .drift import check_drift
 
 
@@ -57,22 +60,24 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     ``command`` is the command line that resumes the run (the CLI passes the one it was started with). An unexpected
     exception once the trainer is built is raised on after summary.json (status ``failed``) and the plots so far are
     written. It ends one of three ways: completed (``_finish``), stopped by a signal (``_stopped_by_signal``), or
-    stopped by a streamed source that failed (``_stream_failed``)."""
+    stopped by a streamed source that failed (``_stream_failed``). The output directory is held for the whole run
+    (``_output_dir_held``): a second run into it is refused."""
     run = _Run(loaded, say, command or f"ft train {loaded.source}")
-    _check_machine(run)
-    hooks = _resolve_hooks(run)
-    _resolve_resume(run, resume, overwrite)
-    _prepare(run, hooks, callbacks)
-    _score_before_training(run)
-    watchdog = _disk_guard(run)
-    with _failure_recorded(run):
-        watch = _train_under_stop_watch(run, watchdog)
-        state = run.trainer.state
-        if signals.stopped_early(state.global_step, state.max_steps, watch.received):
-            return _stopped_by_signal(run, watch.received)
-        if run.trainer.ft_stream_failure is not None:
-            return _stream_failed(run)
-        return _finish(run)
+    with _output_dir_held(run):
+        _check_machine(run)
+        hooks = _resolve_hooks(run)
+        _resolve_resume(run, resume, overwrite)
+        _prepare(run, hooks, callbacks)
+        _score_before_training(run)
+        watchdog = _disk_guard(run)
+        with _failure_recorded(run):
+            watch = _train_under_stop_watch(run, watchdog)
+            state = run.trainer.state
+            if signals.stopped_early(state.global_step, state.max_steps, watch.received):
+                return _stopped_by_signal(run, watch.received)
+            if run.trainer.ft_stream_failure is not None:
+                return _stream_failed(run)
+            return _finish(run)
 
 
 class _Run:
@@ -105,7 +110,29 @@ class _Run:
     def report(self, summary: dict) -> None:
         """plots/, log_history.json and summary.json with ``summary`` and the run's facts (``_write_report``)."""
         _write_report(self.output_dir, summary, self.trainer.state.log_history, self.main, self.facts,
-                      self.wall_started)
+                      self.wall_started, self.say)
+
+
+def _output_dir_held(run: _Run) -> contextlib.AbstractContextManager[None]:
+    """The output directory held for this run (``outputs.lock``), taken before anything is written there: a second
+    ``ft train`` into it is refused (exit 2, naming this process), and so is a directory that cannot be written, before
+    the data is prepared. The main process holds it; under ``ft train --num-processes`` on one machine the launcher
+    holds it for the ranks (``launch.lock_holder``); the other ranks write only after the main process has it (their
+    first write comes after ``_resolve_resume``'s ``main_process_first``)."""
+    if not run.main:
+        return contextlib.nullcontext()
+    return _held_with_reserve(lock.output_dir(run.output_dir, held_by=launch.lock_holder()), run.output_dir)
+
+
+@contextmanager
+def _held_with_reserve(held: contextlib.AbstractContextManager[None], output_dir: Path):
+    """``held`` for the block; the disk reserve the run keeps there (``_prepare``: ``disk.hold_reserve``) given back
+    as it ends, however it ends."""
+    with held:
+        try:
+            yield
+        finally:
+            disk.free_reserve(output_dir)
 
 
 def _check_machine(run: _Run) -> None:
@@ -123,14 +150,11 @@ def _check_machine(run: _Run) -> None:
 
 def _resolve_hooks(run: _Run) -> Hooks:
     """The recipe's own code (loss, callbacks, rewards, optimizer and scheduler classes), imported and checked once;
-    a PluginError becomes a RecipeError at the key's file and line. A module is looked up next to the recipe (first on
-    ``sys.path``), then next to the recipes it extends (last: they shadow no installed package), so a base recipe's
-    ``module:function`` works from a recipe in another folder."""
-    for folder in run.loaded.folders[1:]:
-        if str(folder) not in sys.path:
-            sys.path.append(str(folder))
+    a PluginError becomes a RecipeError at the key's file and line. A module is looked up next to the recipe, then next
+    to the recipes it extends (``LoadedRecipe.folders``), so a base recipe's ``module:function`` works from a recipe in
+    another folder; those folders are importable only while the names are imported (``trainers.plugins``)."""
     try:
-        return resolve_hooks(run.recipe, base_dir=run.loaded.source.resolve().parent)
+        return resolve_hooks(run.recipe, run.loaded.folders)
     except PluginError as exc:
         raise run.loaded.error([exc.problem]) from None
 
@@ -145,6 +169,8 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
     run.resume_from = resumed.path
     for item in resumed.passed_over:
         say(f"ft: passing over a checkpoint that does not read back: {item.render()}")
+    if resumed.final_problem:
+        say(f"ft: the completed run's {output_dir / resumed.final_problem}; writing it again from {resumed.path}")
     if run.resume_from:
         harmless = check_drift(recipe, output_dir, run.resume_from, run.command, world_size=ranks.world_size())
         if harmless:
@@ -169,7 +195,8 @@ def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
         raise run.loaded.error(exc.problems) from None
     run.output_dir.mkdir(parents=True, exist_ok=True)
     if run.main:
-        (run.output_dir / "recipe.yaml").write_text(resolved_recipe_yaml(run.recipe))
+        disk.hold_reserve(run.output_dir)  # room for the record of a failure on a disk that fills
+        disk.write_whole(run.output_dir / "recipe.yaml", resolved_recipe_yaml(run.recipe))
     if run.resume_from:
         run.say(f"ft: resuming from {run.resume_from}")
 
@@ -202,9 +229,11 @@ def _failure_recorded(run: _Run):
         saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
         full = disk.explain(exc, run.output_dir, run.command, final=saving) if run.main else None  # removes the half
         if run.main:
+            disk.free_reserve(run.output_dir)  # the room summary.json and error.log are written in
             seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - run.started
+            log = _write_traceback(exc, run.output_dir)
             _write_failure(exc, run.output_dir, run.recipe, run.prepared, run.trainer, seconds, run.facts,
-                           run.wall_started, run.say)
+                           run.wall_started, run.say, log)
         if full is not None:
             raise full from None
         raise
@@ -213,7 +242,8 @@ def _failure_recorded(run: _Run):
 def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
     """``trainer.train`` inside the stop watch (a stop signal saves a checkpoint at a step end, where JIT checkpoints
     are on: ``trainers.preemption`` says why ft takes the stop itself); its seconds go into ``phases``. The watch
-    says which signal, if any, came. A save the disk guard refused is raised as ``DiskFull``."""
+    says which signal, if any, came. A save the disk guard refused is raised as ``DiskFull``. A run resumed from a
+    checkpoint of its last step trains nothing (``_nothing_left_to_train``)."""
     trainer = run.trainer
     at_step_end = trainer.args.enable_jit_checkpoint
     together = ranks.world_size() > 1
@@ -224,12 +254,57 @@ def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
             from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
 
             trainer.add_callback(StopAtStepEnd(watch, trainer.ft_stop_point, wait, together))
-        trainer.train(resume_from_checkpoint=run.resume_from)
+        if run.resume_from:
+            trainer.add_callback(_nothing_left_to_train())
+        try:
+            trainer.train(resume_from_checkpoint=run.resume_from)
+        except _NothingLeftToTrain:
+            _end_without_training(run)
     run.seconds = time.perf_counter() - run.started
     run.phases["train"] = round(run.seconds, 3)
     if watchdog is not None and watchdog.refused:
         raise disk.DiskFull(watchdog.refused)
     return watch
+
+
+class _NothingLeftToTrain(Exception):
+    """Raised at the start of ``trainer.train`` when the checkpoint it resumed from is of the run's last step."""
+
+
+def _nothing_left_to_train():
+    """A TrainerCallback that ends ``trainer.train`` before its first step when the checkpoint resumed from holds the
+    run's last step (or a later one): its ``global_step`` at least ``max_steps``, as transformers computes it for this
+    recipe and data (``train.max_steps``, else the epochs' steps).
+
+    Why: transformers resumed at its last step still trains one more (it checks for the end after a step, and
+    ``num_train_epochs`` counts whole epochs: ``step 61/60``, a ``checkpoint-61``), so a run killed after its last
+    checkpoint, or whose final/ write failed on a full disk, would end with weights no uninterrupted run has. At
+    ``on_train_begin`` transformers has loaded the checkpoint's weights (every distributed kind), optimizer and state,
+    and trained nothing; every process of a run raises there alike. ``_end_without_training`` ends what training
+    would have ended (transformers 5.25, ``Trainer._finalize_training``)."""
+    from transformers import TrainerCallback
+
+    class NothingLeft(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.max_steps > 0 and state.global_step >= state.max_steps:
+                raise _NothingLeftToTrain
+
+    return NothingLeft()
+
+
+def _end_without_training(run: _Run) -> None:
+    """The run resumed from a checkpoint of its last step: what the end of training does, without a step (the best
+    checkpoint loaded when ``load_best_model_at_end`` asks, the callbacks told the training ended), then ``_finish``
+    writes final/ from the weights the checkpoint holds, those the uninterrupted run ended with."""
+    trainer = run.trainer
+    state = trainer.state
+    where = (f"step {state.global_step}, past the {state.max_steps} steps this recipe trains" if state.global_step >
+             state.max_steps else f"step {state.global_step} of {state.max_steps}, the run's last")
+    run.say(f"ft: {run.resume_from} is {where}: nothing is left to train; final/ is written from it")
+    if trainer.args.load_best_model_at_end and state.best_model_checkpoint is not None:
+        trainer._load_best_model()  # transformers' own step at the end of training (no public name for it)
+    trainer.control = trainer.callback_handler.on_train_end(trainer.args, state, trainer.control)
+    trainer.is_in_train = False
 
 
 def _stopped_by_signal(run: _Run, signum: int) -> RunResult:
@@ -278,7 +353,7 @@ def _finish(run: _Run) -> RunResult:
             final_eval = trainer.evaluate()
     with _timed(phases, "save"):
         distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
-        trainer.save_model(str(output_dir / "final"))
+        _save_final(trainer, output_dir, run.main)
     state = trainer.state
     summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=run.seconds,
                         final_eval=final_eval, extra=run.extra())
@@ -291,6 +366,22 @@ def _finish(run: _Run) -> RunResult:
     if run.main and trainer.args.push_to_hub:
         _push(trainer, output_dir, summary, run.say)
     return RunResult("completed", output_dir, summary)
+
+
+def _save_final(trainer, output_dir: Path, main: bool) -> None:
+    """final/, whole or not at all: the model is saved into ``final.writing/`` and renamed to ``final/`` once every
+    process has written its part, so a kill or a full disk never leaves a final/ cut short (the next run writes it
+    again: ``outputs.checkpoints``). A final/ left by an earlier attempt is removed first."""
+    final, writing = output_dir / checkpoints.FINAL, output_dir / checkpoints.FINAL_WRITING
+    if main:
+        for stale in (writing, final):
+            if stale.is_dir():
+                shutil.rmtree(stale)
+    trainer.accelerator.wait_for_everyone()  # no process writes into final.writing/ before it is cleared
+    trainer.save_model(str(writing))
+    trainer.accelerator.wait_for_everyone()  # every process has written its part
+    if main:
+        os.replace(writing, final)
 
 
 def _push(trainer, output_dir: Path, summary: dict, say: Callable[[str], None]) -> None:
@@ -326,8 +417,13 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     if ranks.world_size() > 1 and recipe.data.prepared_path is not None:
         say(f"data: the other {ranks.world_size() - 1} processes read {recipe.data.prepared_path} once this one has "
             "it ready (they wait without a time limit)")
-    prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
-                                 builder=ranks.is_main(), world_size=ranks.world_size())
+    # the main process may write data.prepared_path: held meanwhile (outputs.lock), after any other writer of it
+    held = contextlib.nullcontext()
+    if ranks.is_main() and recipe.data.prepared_path is not None:
+        held = lock.prepared_path(Path(recipe.data.prepared_path), wait=True, say=say, only_if_writable=True)
+    with held:
+        prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
+                                     builder=ranks.is_main(), world_size=ranks.world_size())
     data_ready = time.perf_counter()
     model = locate.load_start(recipe, seed=recipe.train_args.get("seed", 42), say=say)
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)
@@ -389,28 +485,62 @@ def _timed(phases: dict, name: str):
 
 
 def _write_report(output_dir: Path, summary: dict, log_history: list[dict], main: bool, facts: dict,
-                  wall_started: float) -> None:
+                  wall_started: float, say: Callable[[str], None]) -> None:
     """plots/, log_history.json and summary.json, from the main process: ``facts`` (device, versions, phase times,
-    …) and the wall time since ``wall_started`` are added to ``summary``."""
+    …) and the wall time since ``wall_started`` are added to ``summary``. Plots that cannot be drawn are said and
+    left out: they must not cost the summary."""
     if main:
-        plots = write_plots(output_dir, log_history)
+        try:
+            plots = write_plots(output_dir, log_history)
+        except Exception as problem:
+            plots = []
+            say(f"ft: could not draw the plots ({type(problem).__name__}: {first_line(problem)}); summary.json is "
+                "written without them")
         write_log_history(output_dir, log_history)
         summary.update(facts, wall_seconds=round(time.perf_counter() - wall_started, 3), plots=plots)
         write_summary(output_dir, summary)
 
 
+def _write_traceback(exc: Exception, output_dir: Path) -> Path | None:
+    """``<output_dir>/error.log``: the traceback of the failure summary.json records, written here so that the file
+    the summary names exists however the failure is reported (a full disk is ``DiskFull``, which the cli explains
+    without a traceback; FT_DEBUG=1 raises it). The exception carries the path (``ft_error_log``) for the cli's
+    paragraph. None when it cannot be written."""
+    path = output_dir / "error.log"
+    try:
+        disk.write_whole(path, "".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    with contextlib.suppress(AttributeError):  # an exception class with __slots__ takes no attribute
+        exc.ft_error_log = str(path)
+    return path
+
+
 def _write_failure(exc: Exception, output_dir: Path, recipe: Recipe, prepared: data.PreparedData, trainer,
-                   seconds: float, facts: dict, wall_started: float, say: Callable[[str], None]) -> None:
-    """summary.json with status ``failed`` (the exception's type and first line, and the file ``ft train`` writes its
-    traceback to: ``error.log``, unless FT_DEBUG=1 raises it instead) and the plots of what was logged so far."""
+                   seconds: float, facts: dict, wall_started: float, say: Callable[[str], None],
+                   log: Path | None) -> None:
+    """summary.json with status ``failed`` (the exception's type and first line, and ``log``, the file its traceback
+    was written to: ``_write_traceback``; null when it could not be written), then the plots and log_history.json of
+    what was logged so far, and the summary again with the plots. The summary comes first, in the room the disk's
+    reserve left (``disk.free_reserve``: a full disk is a common failure); when its figures cannot be gathered, it
+    holds the status, the failure and the run's facts. A failed run leaves a summary.json."""
+    failure = {"type": type(exc).__name__, "message": first_line(exc), "traceback": str(log) if log else None}
     try:
         state = trainer.state
         summary = summarize("failed", state.log_history, steps=state.global_step, train_seconds=seconds,
                             final_eval=None, extra=_extra(recipe, prepared, trainer, seconds))
-        failure = {"type": type(exc).__name__, "message": first_line(exc), "traceback": str(output_dir / "error.log")}
-        _write_report(output_dir, summary, state.log_history, True, {**facts, "failure": failure}, wall_started)
     except Exception as problem:  # the failure being reported is what the user must see; this one is a footnote
-        say(f"ft: could not write summary.json after the failure ({type(problem).__name__}: {first_line(problem)})")
+        say(f"ft: summary.json holds the failure alone: its figures could not be gathered ({type(problem).__name__}: "
+            f"{first_line(problem)})")
+        summary = {"status": "failed"}
+    try:
+        write_summary(output_dir, {**summary, **facts, "failure": failure, "plots": [],
+                                   "wall_seconds": round(time.perf_counter() - wall_started, 3)})
+        _write_report(output_dir, summary, trainer.state.log_history, True, {**facts, "failure": failure},
+                      wall_started, say)
+    except Exception as problem:
+        say(f"ft: could not write the run's report after the failure ({type(problem).__name__}: "
+            f"{first_line(problem)})")
 
 
 def _silent(_message: str) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from ..data import DataError
 from ..machine import hardware
 from ..model.loading import named_tokens, names_a_path
+from ..outputs.lock import LOCK_NAME
 from ..outputs.summary import write_summary
 from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError, load_recipe
 from ..recipe.errors import first_line
@@ -110,7 +111,16 @@ def redirected(loaded: LoadedRecipe) -> LoadedRecipe:
 
 def train(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, command: str | None = None, callbacks=()):
     """``ft train --smoke``: ``prepare``, then ``run.train`` on the smoke recipe (always a fresh run), then the
-    substitutions added to summary.json. Returns run.train's ``RunResult``."""
+    substitutions added to summary.json. Returns run.train's ``RunResult``. The smoke directory is held throughout
+    (``outputs.lock``, which ``run.train`` takes again): a second smoke test of it is refused before it clears it."""
+    from ..outputs import lock
+
+    with lock.output_dir(output_dir(loaded.recipe), command="ft train --smoke"):
+        return _rehearse(loaded, say, command, callbacks)
+
+
+def _rehearse(loaded: LoadedRecipe, say: Callable[[str], None], command: str | None, callbacks):
+    """``train``, once the smoke directory is held."""
     from ..run.train import train as run_train
 
     started = time.perf_counter()
@@ -167,14 +177,20 @@ def prepare(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> Smoke:
 
 
 def _fresh(out: Path, loaded: LoadedRecipe) -> None:
-    """An empty ``out`` marked as a smoke directory; a previous smoke run's is cleared, anything else refused."""
+    """An empty ``out`` marked as a smoke directory; a previous smoke run's is cleared, anything else refused. The lock
+    file of the hold ``train`` took on it stays (``outputs.lock``)."""
     if out.exists():
-        if not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file()):
+        entries = [entry for entry in out.iterdir() if entry.name != LOCK_NAME] if out.is_dir() else []
+        if not out.is_dir() or (entries and not (out / MARKER).is_file()):
             raise loaded.error([Problem("train.output_dir", f"`ft train --smoke` writes into {out}, which exists and "
                                         f"was not written by a smoke run (it has no {MARKER}); move it away or set "
                                         "train.output_dir elsewhere.")])
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    out.mkdir(parents=True, exist_ok=True)
     _mark(out, {"recipe": str(loaded.source), "status": "preparing"})
 
 
