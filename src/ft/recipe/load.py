@@ -124,8 +124,11 @@ _NOT_A_RECIPE = "is not a recipe"
 
 @cache
 def _recipe_keys() -> frozenset[str]:
-    """Every top-level key a recipe of some method may write, and ``extends``."""
-    return frozenset({"extends", *(key for method in METHODS for key in _keys(recipe_model(method)))})
+    """Every top-level key a recipe of some method may write, and ``extends``: the sections every recipe has (the
+    default method's recipe holds every method's section too) and each method's section by name. Read from the
+    method table alone, so a method registered without its ``train:`` field table yet is no obstacle."""
+    sections = {name for name, method in METHODS.items() if method.section is not None}
+    return frozenset({"extends", *_keys(recipe_model(DEFAULT_METHOD)), *sections})
 
 
 def _looks_like_a_recipe(data: dict) -> bool:
@@ -140,7 +143,7 @@ def anchor_input_paths(raw: dict, folder: Path) -> None:
     ``dpo.ref_model``, …) that names something in ``folder`` absolute, in place. The keys are those the schema resolves
     with ``resolve_input_path``; a value that names nothing there (a hub id, a path relative to the working directory)
     is left as written."""
-    _anchor(raw, [recipe_model(method) for method in METHODS], folder)
+    _anchor(raw, [recipe_model(DEFAULT_METHOD)], folder)  # every method's section is in it; train: holds no input path
 
 
 def _anchor(node: dict, models: list[type[BaseModel]], folder: Path) -> None:
