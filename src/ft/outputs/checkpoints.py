@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import FtError
 from ..recipe.errors import first_line
-from ..recipe.redact import REDACTED, SECRET_KEY
+from ..recipe.redact import redact_arguments
 
 INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # written by transformers while a JIT save runs
 FINAL = "final"  # the trained model, in the output directory
@@ -278,13 +278,8 @@ def resume_command(argv: list[str], parent_cmdline: Path | None = None) -> str:
         elif part == "--resume":
             skip = True
         elif part != "--overwrite" and not part.startswith("--resume="):
-            kept.append(_redacted(part) if kept and kept[-1] == "--set" else part)
-    return shlex.join(kept)
-
-
-def _redacted(assignment: str) -> str:
-    key, sep, _ = assignment.partition("=")
-    return f"{key}={REDACTED}" if sep and SECRET_KEY.search(key.rpartition(".")[2]) else assignment
+            kept.append(part)
+    return shlex.join(redact_arguments(kept))
 
 
 def _completed(output_dir: Path) -> bool:

@@ -40,6 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import FtError
+from ..recipe.redact import redact_arguments
 
 LOCK_NAME = ".ft-lock"  # in the output directory
 PREPARED_SUFFIX = ".ft-lock"  # beside a data.prepared_path
@@ -212,7 +213,8 @@ def _write_holder(fd: int, lock: Path, key: str, why: str) -> None:
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     argv = ["ft" if program in ("ft", "__main__.py") else program, *sys.argv[1:]]
     content = {"pid": os.getpid(), "host": socket.gethostname(),
-               "started": datetime.now().astimezone().isoformat(timespec="seconds"), "command": shlex.join(argv)}
+               "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+               "command": shlex.join(redact_arguments(argv))}  # a --set hub_token=... stays out of the file
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(content) + "\n").encode(), 0)

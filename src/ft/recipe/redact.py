@@ -31,6 +31,26 @@ def redact(value, key: str = "", under_secret: bool = False):
     return value
 
 
+def redact_arguments(argv: Sequence[str]) -> list[str]:
+    """A command line with the values of credential-named ``--set`` keys replaced by ``REDACTED`` (``--set
+    hub_token=...`` and ``--set=hub_token=...``): what ft prints or saves of a command (the resume command, the holder
+    of a run's lock) never holds a token given on it."""
+    out: list[str] = []
+    for part in argv:
+        if out and out[-1] == "--set":
+            out.append(_redacted_assignment(part))
+        elif part.startswith("--set="):
+            out.append("--set=" + _redacted_assignment(part.removeprefix("--set=")))
+        else:
+            out.append(part)
+    return out
+
+
+def _redacted_assignment(assignment: str) -> str:
+    key, sep, _ = assignment.partition("=")
+    return f"{key}={REDACTED}" if sep and SECRET_KEY.search(key.strip().rpartition(".")[2]) else assignment
+
+
 def shown(value, path: Sequence = (), limit: int = 100) -> str:
     """``value`` as an error message shows it (``got ...``): ``REDACTED`` when a key on its ``path`` names a
     credential; a mapping by its keys alone, since the values under keys no schema knows may be credentials
