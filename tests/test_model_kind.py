@@ -69,9 +69,9 @@ def test_the_model_class_comes_from_the_method_and_the_modality():
     assert METHODS["sft"].model_class("text") == "AutoModelForCausalLM"
     assert METHODS["reward"].model_class("text") == "AutoModelForSequenceClassification"
     assert METHODS["sft"].peft_task == "CAUSAL_LM" and METHODS["reward"].peft_task == "SEQ_CLS"
-    assert all(method.model_class("vision") is None for method in METHODS.values())  # none trains images yet
-    seeing = replace(METHODS["sft"], modalities=("text", "vision"))
-    assert seeing.model_class("vision") == "AutoModelForImageTextToText"
+    assert METHODS["sft"].model_class("vision") == "AutoModelForImageTextToText"  # SFT trains images (test_vision)
+    assert all(method.model_class("vision") is None for name, method in METHODS.items() if name != "sft")
+    assert replace(METHODS["sft"], modalities=("text",)).model_class("vision") is None
     assert replace(METHODS["reward"], modalities=("text", "vision")).model_class("vision") is None  # no such class
 
 
@@ -81,7 +81,8 @@ def _recipe(tmp_path, write_recipe, folder):
     return load_recipe(write_recipe(recipe)).recipe
 
 
-def test_a_vision_model_is_refused_by_a_method_that_trains_text(tmp_path, write_recipe, tiny_llava):
+def test_a_vision_model_is_refused_by_a_method_that_trains_text(tmp_path, write_recipe, tiny_llava, monkeypatch):
+    monkeypatch.setitem(METHODS, "sft", replace(METHODS["sft"], modalities=("text",)))
     with pytest.raises(loading.ModelLoadError, match=r"model.name: .* is a vision model .* method sft"):
         loading.load_model(_recipe(tmp_path, write_recipe, tiny_llava), seed=0)
 

@@ -16,18 +16,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..recipe import Recipe
+from ..recipe import Recipe, RecipeError
 from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
+from ..recipe.rules import check_modality
 from . import cache
 from .formats import FORMATS, normalize
+from .images import ImageTokens
 from .labels import IGNORE_INDEX
-from .rows import ROW, SOURCE, BadRows, DataError, locate
+from .rows import ROW, SHOWN, SOURCE, BadRows, DataError, locate
 from .sources import mix, read_source, source_counts, split_off, weighted
-from .templates import TemplateError, resolve_chat_template
+from .templates import TemplateError, check_image_template, resolve_chat_template
 from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_arrays
 
 FLAGS = ("ft_truncated", "ft_too_long", "ft_no_loss")
+IMAGE_FLAGS = ("ft_image_mismatch", "ft_cut_image")  # a vision row's checks (ft.data.tokenize)
 WARN_SHARE = 0.01  # above this share of rows or of trained tokens cut by max_length, ft warns
 
 
@@ -38,11 +41,15 @@ class PreparedData:
     stats: dict = field(default_factory=dict)
 
 
-def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[[str], None] = print, *,
+def prepare_data(recipe: Recipe, processing_class, template: str | None, say: Callable[[str], None] = print, *,
                  rebuild_ok: bool = True, builder: bool = True, world_size: int = 1) -> PreparedData:
     """The run's datasets, from the prepared cache when its fingerprint matches.
 
-    ``template`` is ``chat_template_for(recipe, tokenizer)``: the chat template rows are rendered with.
+    ``processing_class`` is the model's: a tokenizer, or a vision-language model's processor (one with an image
+    processor), whose rows keep their images (``ft.data.images``) and whose recipe is checked against what ft does
+    with images (``recipe.rules.check_modality``: a RecipeError naming the key). Rows are tokenized with the text
+    tokenizer inside it.
+    ``template`` is ``chat_template_for(recipe, processing_class)``: the chat template rows are rendered with.
     ``rebuild_ok=False`` is ``data.require_prepared``: a missing or stale cache is an error.
     ``builder=False`` (the other processes of a multi-process run): never write ``data.prepared_path``; wait,
     without a time limit, until the main process has written a cache that matches (no collective is involved,
@@ -50,16 +57,22 @@ def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[
     Without ``data.prepared_path`` every process tokenizes its own copy in memory, nobody waits.
     ``data.streaming``: the training rows are an endless stream in ``world_size`` shards (``ft.data.stream``).
     """
+    seeing = getattr(processing_class, "image_processor", None) is not None
+    problems = check_modality(recipe, "vision" if seeing else "text")
+    if problems:
+        raise RecipeError(problems)
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    images = _image_tokens(recipe, processing_class, template) if seeing else None
     if recipe.data.streaming:
         return _streamed(recipe, tokenizer, template, say, world_size)
     if not METHODS[recipe.method].ft_tokenizes:
         return _canonical_rows(recipe, say)
     if recipe.data.prepared_path is None:
-        prepared = _tokenized(recipe, tokenizer, template, say)
+        prepared = _tokenized(recipe, tokenizer, template, say, images)
         prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"
         return prepared
     path = Path(recipe.data.prepared_path)
-    components = cache.fingerprint(recipe, tokenizer, template)
+    components = cache.fingerprint(recipe, tokenizer, template, images.processor.image_processor if images else None)
     state = cache.check(path, components)
     if not builder and state.status != "fresh":
         state = _wait_for_cache(path, components, say)
@@ -70,7 +83,7 @@ def prepare_data(recipe: Recipe, tokenizer, template: str | None, say: Callable[
     if not rebuild_ok:
         raise DataError(f"data.require_prepared: {state.describe(str(path))}; run `ft preprocess` on this recipe "
                         "first, or set `data.require_prepared: false` to rebuild it during `ft train`.")
-    prepared = _tokenized(recipe, tokenizer, template, say)
+    prepared = _tokenized(recipe, tokenizer, template, say, images)
     cache.save(path, prepared.train, prepared.eval, components, prepared.stats)
     prepared.stats["prepared"] = f"{'built' if state.status == 'missing' else 'rebuilt'} {path}"
     say(f"data: wrote the prepared dataset to {path}")
@@ -88,8 +101,23 @@ def _wait_for_cache(path: Path, components: dict[str, str], say: Callable[[str],
     return state
 
 
+def _image_tokens(recipe: Recipe, processor, template: str | None) -> ImageTokens | None:
+    """What a vision-language model's rows need to be tokenized: the tokens each image becomes, once the chat template
+    is seen to write the processor's image token for an image part. None when no source is chat-shaped (text rows
+    hold no images)."""
+    tokens = ImageTokens(processor, recipe.data.image)
+    if template is None:
+        return None
+    try:
+        check_image_template(template, tokens.tokenizer, tokens.token)
+    except TemplateError as exc:
+        raise DataError(str(exc)) from None
+    return tokens
+
+
 def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
-    """The Jinja template chat rows are rendered with (None when no source is chat-shaped)."""
+    """The Jinja template chat rows are rendered with (None when no source is chat-shaped). ``tokenizer`` may be a
+    processor: its own template is a vision-language model's."""
     chat = any(FORMATS[s.format].conversations for s in (*recipe.data.train, *recipe.data.eval_sources))
     if not chat:
         return None
@@ -99,25 +127,25 @@ def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
         raise DataError(str(exc)) from None
 
 
-def read_sources(recipe: Recipe, sources: list[DataSource], keys: list[str], report: BadRows):
+def read_sources(recipe: Recipe, sources: list[DataSource], keys: list[str], report: BadRows, images: bool = False):
     """The canonical rows of ``sources`` (named by ``keys``, ``data.train.0``, … in errors), read, normalized and mixed
     as ``ft train`` reads them, with the recipe's seed and ``on_bad_row``; skipped rows are counted in ``report``.
-    None without sources."""
+    ``images``: read for a vision-language model (chats keep their images). None without sources."""
     data = recipe.data
     parts = []
     for key, source in zip(keys, sources, strict=True):
         raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
-        parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report))
+        parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report, images=images))
     return mix(parts, keys) if parts else None
 
 
-def read_splits(recipe: Recipe, say) -> tuple[object, object | None, BadRows]:
+def read_splits(recipe: Recipe, say, images: bool = False) -> tuple[object, object | None, BadRows]:
     """(train rows, eval rows or None, the bad-row report) of ``recipe``, canonical and untokenized; ``split_ratio``
-    holds its evaluation rows out of the training rows here."""
+    holds its evaluation rows out of the training rows here. ``images``: as ``read_sources``."""
     data, report = recipe.data, BadRows()
 
     def split(sources: list[DataSource], name: str):
-        return read_sources(recipe, sources, [f"data.{name}.{i}" for i in range(len(sources))], report)
+        return read_sources(recipe, sources, [f"data.{name}.{i}" for i in range(len(sources))], report, images)
 
     train, evaluation = split(data.train, "train"), split(data.eval_sources, "eval")
     if isinstance(data.eval, SplitRatio):
@@ -155,18 +183,20 @@ def _canonical_rows(recipe: Recipe, say) -> PreparedData:
     return PreparedData(train, evaluation, stats)
 
 
-def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> PreparedData:
+def _tokenized(recipe: Recipe, tokenizer, template: str | None, say, images: ImageTokens | None = None) -> PreparedData:
     data = recipe.data
     settings = TokenizeSettings(template=template, max_length=data.max_length, truncation=data.truncation,
-                                train_on=data.train_on)
+                                train_on=data.train_on, parts=images is not None)
     length_column = recipe.train_args.get("length_column_name", "length")
-    train, evaluation, report = read_splits(recipe, say)
+    train, evaluation, report = read_splits(recipe, say, images=images is not None)
     stats: dict = {"skipped_rows": report.as_dict()}
     out = {}
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is None:
             continue
-        out[name], counts, checks = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column)
+        seeing = _Seeing(images, recipe, report, say) if images is not None else None
+        out[name], counts, checks = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column,
+                                              seeing)
         stats[f"{name}_rows"] = len(out[name])
         stats[f"{name}_tokens"] = _count(_column(out[name], length_column))
         stats.update({f"{name}_{key}": value for key, value in counts.items()})
@@ -180,6 +210,8 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say) -> Prepared
             say(f"preflight: data: all {checks['turns_trained']} trained turns end with {token!r}; data.max_length "
                 f"{settings.max_length} cuts {checks['rows_cut_share']:.1%} of the rows and "
                 f"{checks['trained_tokens_cut_share']:.1%} of the trained tokens")
+    if images is not None:
+        stats["skipped_rows"] = report.as_dict()  # with the rows whose images and placeholders disagree
     if not len(out["train"]):
         raise DataError("data.train: no training rows are left after filtering (see the counts above); check "
                         "`data.max_length`, `data.truncation` and the bad-row report.")
@@ -213,13 +245,18 @@ def _streamed(recipe: Recipe, tokenizer, template: str | None, say, world_size: 
     return PreparedData(train, evaluation, stats)
 
 
-def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str):
+def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str,
+              seeing: _Seeing | None = None):
     # num_proc 1 tokenizes in this process, as None does: datasets would start one worker for it and turn the
     # tokenizer's own threads off there, the slowest way to use one process (benchmarks/data_scale.py)
-    tokenized = dataset.map(_tokenize_to_arrow, batched=True, fn_kwargs={"tokenizer": tokenizer, "settings": settings},
+    kwargs = {"tokenizer": tokenizer, "settings": settings, **({"images": seeing.tokens} if seeing else {})}
+    tokenized = dataset.map(_tokenize_to_arrow, batched=True, fn_kwargs=kwargs,
                             num_proc=num_proc if num_proc and num_proc > 1 else None,
-                            remove_columns=dataset.column_names, features=_features(),
+                            remove_columns=dataset.column_names, features=_features(seeing is not None),
                             desc=f"tokenizing {name}")
+    at = None  # where rows were dropped before the counts: the position in ``dataset`` of each row kept
+    if seeing is not None:
+        tokenized, at = seeing.checked(tokenized, dataset, name)
     # counted in Arrow: iterating a column row by row costs more than the tokenization itself
     truncated, too_long, no_loss = (_column(tokenized, flag) for flag in FLAGS)
     dropped_no_loss = _count(pc.and_(no_loss, pc.invert(too_long)))
@@ -232,7 +269,8 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     checks.update(turns_trained=total, turns_stopped=ended, stop_share=round(ended / total, 4) if total else None)
     unstopped = pc.and_(kept, pc.less(_column(tokenized, "ft_turns_stopped"), _column(tokenized, "ft_turns")))
     first = pc.index(unstopped, True).as_py()
-    checks["example"] = None if first < 0 else (first, tokenized[first]["input_ids"], tokenized[first]["labels"])
+    checks["example"] = None if first < 0 else (first if at is None else int(at[first]), tokenized[first]["input_ids"],
+                                                 tokenized[first]["labels"])
     if counts["rows_dropped_as_too_long"] or dropped_no_loss:
         tokenized = tokenized.filter(lambda t, n: [not (a or b) for a, b in zip(t, n, strict=True)],
                                      input_columns=["ft_too_long", "ft_no_loss"], batched=True,
@@ -240,7 +278,7 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     full = checks.pop("trained_tokens_full")
     checks["trained_tokens_cut"] = full - _count(_column(tokenized, "ft_trained"))
     checks["trained_tokens_cut_share"] = round(checks["trained_tokens_cut"] / full, 4) if full else 0.0
-    tokenized = tokenized.remove_columns([*FLAGS, *STATS])
+    tokenized = tokenized.remove_columns([*FLAGS, *STATS, *(IMAGE_FLAGS if seeing is not None else ())])
     if length_column != "length":
         tokenized = tokenized.rename_column("length", length_column)
     return tokenized, counts, checks
@@ -323,16 +361,17 @@ def _turn_end(ids: list[int], labels: list[int], stop: int | None, tokenizer) ->
         f", and {after!r} after it carries no loss" if after else " at the end of the row")
 
 
-def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings) -> pa.Table:
+def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings, images=None) -> pa.Table:
     """``tokenize_batch`` as an Arrow table, built from its rows' numpy arrays without a Python object per token; a
-    batch whose labels are its input_ids (every token trained on) shares one column for both."""
-    out = tokenize_arrays(batch, tokenizer, settings)
+    batch whose labels are its input_ids (every token trained on) shares one column for both. ``images``: the
+    model's ``ImageTokens``, for a vision-language model's rows (which keep an ``images`` column)."""
+    out = tokenize_arrays(batch, tokenizer, settings, images)
     ids = _list_array(out["input_ids"])
     shared = all(labels is row for labels, row in zip(out["labels"], out["input_ids"], strict=True))
     out["labels"] = ids if shared else _list_array(out["labels"])
     out["input_ids"] = ids
     out[SOURCE] = batch[SOURCE]  # which source each row came from, for the mixture
-    return pa.table(out, schema=_features().arrow_schema)
+    return pa.table(out, schema=_features(images is not None).arrow_schema)
 
 
 def _list_array(rows: list[np.ndarray]) -> pa.ListArray:
@@ -343,13 +382,78 @@ def _list_array(rows: list[np.ndarray]) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()))
 
 
-def _features():
-    """Declared types spare datasets a type inference per batch (and int32 halves what is written)."""
+def _features(images: bool = False):
+    """Declared types spare datasets a type inference per batch (and int32 halves what is written). ``images``: a
+    vision-language model's rows, with their images' paths and checks."""
     from datasets import Features, Sequence, Value
 
+    seeing = {"images": Sequence(Value("string")), **{flag: Value("bool") for flag in IMAGE_FLAGS}} if images else {}
     return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
                      "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS},
-                     **{column: Value("int32") for column in STATS}, SOURCE: Value("int32")})
+                     **{column: Value("int32") for column in STATS}, SOURCE: Value("int32"), **seeing})
+
+
+@dataclass
+class _Seeing:
+    """A vision-language model's tokenization: the tokens its images become, and what the checks of its rows need
+    (the recipe's settings and sources, the bad-row report, the console)."""
+
+    tokens: ImageTokens
+    recipe: Recipe
+    report: BadRows
+    say: Callable[[str], None]
+
+    def checked(self, tokenized, dataset, name: str):
+        """(the tokenized rows that may train, the position in ``dataset`` of each, or None when all are kept).
+
+        A row ``max_length`` would cut inside an image's tokens (``truncation: truncate``; ``drop`` drops every row
+        too long) is refused, counted and named: cut there, the model would get an image's pixels without all of its
+        tokens. A row whose template wrote another number of image placeholders than it has images (a literal image
+        token in its text, a template that drops an image part) is a bad row: listed under ``on_bad_row: error``,
+        dropped and counted (``image_count``) under ``skip``."""
+        data = self.recipe.data
+        sources = data.train if name == "train" else data.eval_sources
+        cut = np.asarray(_column(tokenized, "ft_cut_image").to_numpy(zero_copy_only=False))
+        if cut.any():
+            rows = np.flatnonzero(cut)
+            raise DataError(
+                f"data.max_length: {len(rows)} {name} row{'s' if len(rows) > 1 else ''} would be cut inside an image's "
+                f"tokens (data.truncation: truncate), e.g. {_place(sources, dataset, int(rows[0]))} "
+                f"({tokenized[int(rows[0])]['ft_full_length']} tokens, data.max_length {data.max_length}); a cut "
+                "there leaves the model an image without all of its tokens. Raise data.max_length to fit those rows, "
+                "make their images smaller (data.image.max_pixels), or set `data.truncation: drop` to drop every row "
+                "longer than data.max_length (counted).")
+        bad = np.asarray(_column(tokenized, "ft_image_mismatch").to_numpy(zero_copy_only=False))
+        if not bad.any():
+            return tokenized, None
+        rows = np.flatnonzero(bad)
+        if data.on_bad_row == "error":
+            listed = "\n".join(f"  {_place(sources, dataset, i)}: {self._disagree(tokenized[i])}"
+                               for i in rows[:SHOWN].tolist())
+            first = f"; the first {SHOWN}" if len(rows) > SHOWN else ""
+            raise DataError(
+                f"data.{name}: {len(rows)} row{'s' if len(rows) > 1 else ''} whose image placeholders and images "
+                f"disagree once rendered with the chat template{first}:\n{listed}\nEach image needs one "
+                f"{self.tokens.token!r} where it goes, and the text no other: fix these rows, or set "
+                "`data.on_bad_row: skip` to drop them (counted).")
+        for source, count in zip(*np.unique(np.asarray(dataset.with_format("numpy")[SOURCE])[rows],
+                                            return_counts=True), strict=True):
+            self.report.add(f"data.{name}.{int(source)}", "image_count", int(count))
+        self.say(f"data: {name}: skipped {len(rows)} rows whose image placeholders and images disagree (image_count)")
+        at = np.flatnonzero(~bad)
+        return tokenized.select(at), at
+
+    def _disagree(self, row: dict) -> str:
+        held = sum(token == self.tokens.id for token in row["input_ids"])
+        return (f"the rendered chat holds {held} image placeholder{'s' if held != 1 else ''} "
+                f"({self.tokens.token!r}) for {len(row['images'])} image{'s' if len(row['images']) != 1 else ''} "
+                "(image_count)")
+
+
+def _place(sources: list[DataSource], dataset, index: int) -> str:
+    """Where row ``index`` of a split's canonical rows is in its source: ``file:line`` and the like."""
+    row = dataset[index]
+    return locate(sources[row[SOURCE]], [row[ROW]])[row[ROW]]
 
 
 def _column(dataset, name: str):

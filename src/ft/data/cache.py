@@ -47,9 +47,14 @@ def _source_digest(path: str, revision: str | None) -> str:
     return f"hub:{path}@{revision or 'unpinned'}"  # a hub dataset: only a pinned revision is reproducible
 
 
-def fingerprint(recipe: Recipe, tokenizer, template: str | None) -> dict[str, str]:
-    """Named components; the dataset is reusable when every component matches."""
+def fingerprint(recipe: Recipe, tokenizer, template: str | None, image_processor=None) -> dict[str, str]:
+    """Named components; the dataset is reusable when every component matches. ``image_processor``: a
+    vision-language model's, whose settings decide how many tokens each image becomes (the images themselves are not
+    read here: a prepared row whose image changed size since is stopped by name when its batch is built,
+    ``ft.data.images.ImageBatches``)."""
     data = recipe.data.model_dump(mode="json", exclude=_NOT_SHAPING)
+    if data.get("image") is None:
+        data.pop("image", None)  # unset: a text recipe's fingerprint is what it was before images existed
     components = {
         "ft version": __version__,
         "method": recipe.method,
@@ -59,6 +64,8 @@ def fingerprint(recipe: Recipe, tokenizer, template: str | None) -> dict[str, st
                                                                               sort_keys=True, default=str)),
         "chat template": _digest(template or ""),
     }
+    if image_processor is not None:
+        components["image processor"] = _digest(image_processor.to_json_string())
     for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources)):
         for i, source in enumerate(sources):
             components[f"data.{split}.{i} contents"] = _source_digest(source.path, source.revision)

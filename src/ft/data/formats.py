@@ -13,6 +13,11 @@ Canonical layouts (what TRL's trainers read):
   content given as a list of parts (``[{"type": "text", "text": …}, …]``, as OpenAI's and multimodal chat templates
   write it) becomes the text of its text parts, joined as those templates join them (with nothing between); an image
   part makes the row bad (``image_content``): the canonical chat holds text, for text models;
+- for a vision-language model (``Names.images`` set) the same formats -> ``messages`` whose every content is a list
+  of parts, ``{"type": "text", "text": …}`` or ``{"type": "image", "text": None}``, and ``images``: the images' paths
+  (or URLs), resolved and checked, in the order of their parts. Images come as content parts (``{"type": "image",
+  "image": PATH_OR_URL}``, OpenAI's ``{"type": "image_url", …}``) or as an ``images`` column whose paths fill the
+  ``<image>`` placeholders of the messages' text in order (LLaMA-Factory's layout);
 - ``text`` -> ``prompt`` and ``completion`` (a plain ``text`` field becomes prompt ``""``);
 - ``preference`` -> ``prompt``, ``chosen``, ``rejected``: all text or all lists of messages;
 - ``prompt`` -> ``prompt`` (text or messages) plus every other field of the row, for GRPO reward functions.
@@ -37,6 +42,7 @@ from datasets.fingerprint import Hasher
 
 from ..recipe import names as offered
 from ..recipe.data_section import DataSource
+from .images import ImageSource
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
 
 Row = dict
@@ -45,10 +51,13 @@ ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class Names:
-    """A source's ``fields:`` and ``roles:``; ``names("messages")`` is the source's name for ``messages``."""
+    """A source's ``fields:`` and ``roles:``; ``names("messages")`` is the source's name for ``messages``. ``images``
+    is set when the model reads images (a vision-language model): where the source's images are; unset, an image in
+    a row makes it bad (``image_content``)."""
 
     fields: Mapping[str, str]
     roles: Mapping[str, str]
+    images: ImageSource | None = None
 
     def __call__(self, canonical: str) -> str:
         return self.fields.get(canonical, canonical)
@@ -168,8 +177,14 @@ class Chat(Conversation):
 
     def convert(self, row: Row, names: Names) -> Row:
         field = names("messages")
+        if names.images is not None:
+            return _seeing_chat(row, names, field)
         messages = _messages(value_of(row, field, list), names, field)
         _needs_assistant(messages, field)
+        if row.get(names("images")):  # LLaMA-Factory's layout: its images would be dropped without a word
+            raise RowError("image_content", f"the row lists images under `{names('images')}`: images need a "
+                           "vision-language model, and this run trains on text; drop the column or the row",
+                           names("images"))
         return {"messages": messages}
 
     def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
@@ -297,21 +312,26 @@ def _is_text(feature) -> bool:
 
 
 def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad_row: str,
-              report: BadRows) -> datasets.Dataset:
+              report: BadRows, images: bool = False) -> datasets.Dataset:
     """``dataset`` (from ``read_source``) in its format's canonical columns, then ``__ft_row``.
 
     Bad rows raise one DataError listing the first few (``on_bad_row="error"``), or are dropped and
     counted in ``report`` under ``key`` (``"skip"``); counts ``read_source`` filed under the source's
     path move to ``key``. Text-or-messages columns take the kind of the first good row.
+
+    ``images``: the model reads images (a vision-language model): a chat's contents become lists of parts and its
+    images a column of checked paths (``Names.images``), for every conversation format.
     """
     report.rekey(source.path, key)
-    fmt, names = FORMATS[source.format], Names(source.fields, source.roles)
+    fmt = FORMATS[source.format]
+    seeing = images and fmt.conversations
+    names = Names(source.fields, source.roles, ImageSource.of(source.path) if seeing else None)
     if ROW not in dataset.column_names:
         dataset = dataset.add_column(ROW, list(range(len(dataset))))
     fast = fmt.columnar(dataset, names)
     if fast is not None:
         return fast
-    columns = fmt.output_columns(dataset.column_names, names)
+    columns = fmt.output_columns(dataset.column_names, names) + (["images"] if seeing else [])
     encoded = _json_columns(dataset)
     kinds, features = _layout(dataset, fmt, names, columns, encoded)
     as_json = {name for name in columns if features is not None and isinstance(features[name], datasets.Json)}
@@ -325,7 +345,7 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
         for values in zip(*batch.values(), strict=True):
             row = dict(zip(batch.keys(), values, strict=True))
             try:
-                converted = fmt.convert(row, names)
+                converted = _converted(fmt, row, names)
                 _check_kinds(converted, fmt.columns, kinds, names)
             except RowError as error:
                 counts[error.reason] += 1
@@ -339,9 +359,9 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
         return out
 
     # convert() counts bad rows as it runs, so it must run: no cache reuse, and an explicit fingerprint
+    shaped = [dataset._fingerprint, source.model_dump(), "ft.normalize/1"] + (["images"] if seeing else [])
     result = dataset.map(convert, batched=True, remove_columns=dataset.column_names, load_from_cache_file=False,
-                         features=features, desc=f"formatting {key}",
-                         new_fingerprint=Hasher.hash([dataset._fingerprint, source.model_dump(), "ft.normalize/1"]))
+                         features=features, desc=f"formatting {key}", new_fingerprint=Hasher.hash(shaped))
     total = sum(counts.values())
     if total and on_bad_row == "error":
         raise bad_rows_error(key, source, shown, total)
@@ -352,6 +372,13 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
                         f"({', '.join(f'{r}: {n}' for r, n in counts.items())}); check `format:`, `fields:` and "
                         "`roles:`.")
     return result
+
+
+def _converted(fmt: Format, row: Row, names: Names) -> Row:
+    """``fmt.convert``, with a chat of a format that holds no images laid out as a vision model's rows are (parts,
+    no images) when the source is read for one."""
+    converted = fmt.convert(row, names)
+    return as_parts(converted) if names.images is not None and "images" not in converted else converted
 
 
 def _json_columns(dataset: datasets.Dataset) -> list[str]:
@@ -369,12 +396,16 @@ def _layout(dataset: datasets.Dataset, fmt: Format, names: Names, columns: list[
     for row in dataset:
         row = {**row, **{name: None if row[name] is None else json.loads(row[name]) for name in encoded}}
         try:
-            converted = fmt.convert(row, names)
+            converted = _converted(fmt, row, names)
         except RowError:
             continue
         kinds = tuple(isinstance(converted[c], list) for c in fmt.columns)
         text = datasets.Value("string")
-        typed = {c: [{"role": text, "content": text}] if k else text for c, k in zip(fmt.columns, kinds, strict=True)}
+        content = [{"type": text, "text": text}] if names.images is not None else text  # parts, for a vision model
+        typed = {c: [{"role": text, "content": content}] if k else text
+                 for c, k in zip(fmt.columns, kinds, strict=True)}
+        if names.images is not None:
+            typed["images"] = datasets.List(text)
         features = {c: typed[c] if c in typed else datasets.Json() if isinstance(dataset.features[c], datasets.Json)
                     else dataset.features[c] for c in columns}
         return kinds, datasets.Features({**features, ROW: datasets.Value("int64")})
@@ -402,17 +433,11 @@ def _messages(value: list, names: Names, field: str) -> list[dict]:
     """Canonical ``{"role", "content"}`` messages; roles mapped through ``roles:`` and checked."""
     if not value:
         raise RowError("empty_chat", "has no messages", field)
-    role_key, content_key = names("role"), names("content")
+    content_key = names("content")
     messages = []
     for i, message in enumerate(value):
         where = f"{field}[{i}]"
-        if not isinstance(message, dict):
-            raise RowError("wrong_type", f"expected a message object, got {kind_of(message)}", where)
-        role = value_of(message, role_key, str, f"{where}.{role_key}", missing="missing_role")
-        role = names.roles.get(role, role)
-        if role not in ROLES:
-            raise RowError("unknown_role", f"{message[role_key]!r} is not one of {', '.join(ROLES)}; map it with "
-                           "`roles:`", f"{where}.{role_key}")
+        role = _role(message, names, where)
         if isinstance(message.get(content_key), list):
             content = _parts_text(message[content_key], f"{where}.{content_key}")
         else:
@@ -423,7 +448,135 @@ def _messages(value: list, names: Names, field: str) -> list[dict]:
     return messages
 
 
+def _role(message, names: Names, where: str) -> str:
+    """The canonical role of ``message`` (``where``: its place, ``messages[i]``), mapped through ``roles:``."""
+    role_key = names("role")
+    if not isinstance(message, dict):
+        raise RowError("wrong_type", f"expected a message object, got {kind_of(message)}", where)
+    role = value_of(message, role_key, str, f"{where}.{role_key}", missing="missing_role")
+    role = names.roles.get(role, role)
+    if role not in ROLES:
+        raise RowError("unknown_role", f"{message[role_key]!r} is not one of {', '.join(ROLES)}; map it with "
+                       "`roles:`", f"{where}.{role_key}")
+    return role
+
+
 IMAGE_PARTS = ("image", "image_url")  # the part types of an image in a message's content (HF, OpenAI)
+IMAGE_PART = {"type": "image", "text": None}  # an image's place in a canonical vision chat (its path: ``images``)
+
+
+def _seeing_chat(row: Row, names: Names, field: str) -> Row:
+    """The canonical row of a chat for a vision-language model: every content a list of text and image parts, and
+    ``images``, the paths (or URLs) of its images in the order of their parts, each resolved against the data file's
+    folder and read once (``ImageSource.check``). Images are given one of two ways: as content parts, each with its
+    own path, or (LLaMA-Factory's layout) as an ``images`` column whose paths fill the ``<image>`` placeholders of
+    the messages' text, in order; a row whose placeholders and paths differ in number is bad (``image_count``)."""
+    value = value_of(row, field, list)
+    if not value:
+        raise RowError("empty_chat", "has no messages", field)
+    source, content_key, column = names.images, names("content"), names("images")
+    listed = _listed_images(row, column)
+    messages, refs = [], []
+    for i, message in enumerate(value):
+        where = f"{field}[{i}]"
+        role = _role(message, names, where)
+        content = message.get(content_key)
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                at = f"{where}.{content_key}[{j}]"
+                text = _part(part, at)
+                if text is None:
+                    if listed is not None:
+                        raise RowError("image_count", f"an image part in a row that also has an `{column}` list; give "
+                                       "a row's images one way: as parts, or as the list with placeholders", at)
+                    refs.append(source.check(_image_ref(part, at), at))
+                    parts.append(dict(IMAGE_PART))
+                else:
+                    parts += _placed(text, source.placeholder) if listed is not None else [_text_part(text)]
+        else:
+            text = value_of(message, content_key, str, f"{where}.{content_key}")
+            parts = _placed(text, source.placeholder) if listed is not None else [_text_part(text)]
+        if role != "system" and not any(p["type"] == "image" or p["text"].strip() for p in parts):
+            raise RowError("empty_content", "is empty", f"{where}.{content_key}")
+        messages.append({"role": role, "content": parts})
+    if listed is not None:
+        placeholders = sum(p["type"] == "image" for m in messages for p in m["content"])
+        if placeholders != len(listed):
+            raise RowError("image_count", f"the messages hold {placeholders} {source.placeholder} placeholder"
+                           f"{'' if placeholders == 1 else 's'} and `{column}` lists {len(listed)} image"
+                           f"{'' if len(listed) == 1 else 's'}; each image needs one placeholder where it goes in the "
+                           "text, in the order of the list", column)
+        refs = [source.check(ref, f"{column}[{k}]") for k, ref in enumerate(listed)]
+    if not any(m["role"] == "assistant" for m in messages):
+        raise RowError("no_assistant_turn", "has no assistant message to learn from", field)
+    return {"messages": messages, "images": refs}
+
+
+def _listed_images(row: Row, column: str) -> list[str] | None:
+    """The ``images`` column of a row laid out the LLaMA-Factory way (a list of paths), or None when the row has none
+    (no such column, or a null: its images, if any, are content parts)."""
+    listed = row.get(column)
+    if listed is None:
+        return None
+    if isinstance(listed, str):
+        listed = [listed]
+    if not isinstance(listed, list) or not all(isinstance(ref, str) for ref in listed):
+        raise RowError("wrong_type", f"expected a list of image paths, got {kind_of(listed)}", column)
+    return listed
+
+
+def _part(part, at: str) -> str | None:
+    """The text of a content part, or None for an image part; any other part makes the row bad."""
+    if not isinstance(part, dict):
+        raise RowError("wrong_type", f'expected a content part ({{"type": "text", "text": …}}), got {kind_of(part)}',
+                       at)
+    kind = part.get("type")
+    if kind in IMAGE_PARTS:
+        return None
+    if kind != "text":
+        raise RowError("wrong_type", f"a part of type {kind!r}: a message's content parts can be text "
+                       '({"type": "text", "text": …}) or images ({"type": "image", "image": PATH_OR_URL})', at)
+    return value_of(part, "text", str, f"{at}.text")
+
+
+def _image_ref(part: dict, at: str) -> str:
+    """The path or URL of an image part: HF's ``{"type": "image", "image" | "path" | "url": …}`` or OpenAI's
+    ``{"type": "image_url", "image_url": {"url": …}}``."""
+    if part["type"] == "image_url":
+        ref = part.get("image_url")
+        ref = ref.get("url") if isinstance(ref, dict) else ref
+        key = "image_url"
+    else:
+        key = next((k for k in ("image", "path", "url") if part.get(k) is not None), "image")
+        ref = part.get(key)
+    if ref is None:
+        raise RowError("missing_field", f"an image part without its image (a path or URL under {key!r})", at)
+    if not isinstance(ref, str) or not ref.strip():
+        raise RowError("wrong_type", f"expected an image path or URL, got {kind_of(ref)}", f"{at}.{key}")
+    return ref
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "text", "text": text}
+
+
+def _placed(text: str, placeholder: str) -> list[dict]:
+    """A text with image placeholders as parts: each placeholder an image part, the text between as text parts."""
+    pieces = text.split(placeholder)
+    parts = [_text_part(pieces[0])] if pieces[0] else []
+    for piece in pieces[1:]:
+        parts.append(dict(IMAGE_PART))
+        if piece:
+            parts.append(_text_part(piece))
+    return parts
+
+
+def as_parts(row: Row) -> Row:
+    """A canonical chat of a format that holds no images (``instruction``) as a vision-language model's rows are laid
+    out: every content a list of parts, and no images."""
+    return {**row, "messages": [{"role": m["role"], "content": [_text_part(m["content"])]} for m in row["messages"]],
+            "images": []}
 
 
 def _parts_text(parts: list, where: str) -> str:

@@ -30,7 +30,10 @@ REASONS = {
     "empty_chosen": "`chosen` is empty",
     "empty_rejected": "`rejected` is empty",
     "mixed_kinds": "a field is text in some rows of a source and a list of messages in others",
-    "image_content": "a message holds an image part, which needs a vision-language model (ft trains text models)",
+    "image_content": "a message holds an image part, which needs a vision-language model (model.name is a text model)",
+    "image_missing": "an image a row names does not exist (a path is read relative to the data file's folder)",
+    "image_unreadable": "an image a row names cannot be read or decoded (damaged, or not an image)",
+    "image_count": "a row's `<image>` placeholders and its `images` list disagree in number",
 }
 FIX = "Fix these rows, map the fields with `fields:`/`roles:`, or set `data.on_bad_row: skip`."
 

@@ -79,17 +79,20 @@ def _marker(role: str) -> str:
     return f"ftprobe{role}7q"
 
 
-def end_of_turn(template: str, tokenizer) -> str:
+def end_of_turn(template: str, tokenizer, parts: bool = False) -> str:
     """The text ``template`` writes right after an assistant message's content: ``<|im_end|>`` for ChatML,
     ``<|eot_id|>`` for Llama 3, ``" </s>"`` for Llama 2, ``""`` when it writes nothing but whitespace.
 
     It is read from a rendered probe conversation ending with an assistant message: what follows the
     assistant's content, up to the first whitespace after the marker (leading whitespace is kept, trailing
     whitespace dropped). The loss masks count it as part of the assistant turn, so the model learns to stop.
+    ``parts``: the probe's contents are lists of parts (``[{"type": "text", "text": …}]``), as a vision-language
+    model's rows and templates have them.
     """
     errors = []
     for roles in _PROBES:
-        messages = [{"role": role, "content": _marker(role)} for role in roles]
+        messages = [{"role": role, "content": [{"type": "text", "text": _marker(role)}] if parts else _marker(role)}
+                    for role in roles]
         try:
             rendered = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template)
         except Exception as exc:  # any template failure is reported below
@@ -103,4 +106,26 @@ def end_of_turn(template: str, tokenizer) -> str:
     raise TemplateError(
         f"data.chat_template: the chat template fails to render a plain system/user/assistant conversation "
         f"({errors[-1]}); fix the template or {_FIX}."
+    )
+
+
+def check_image_template(template: str, tokenizer, image_token: str) -> None:
+    """A vision-language model's rows hold images as ``{"type": "image"}`` parts: the template must write the
+    processor's ``image_token`` once for each (as the families' own templates do), or the images would have no place
+    in the text. Checked once, on a probe conversation with one image, before any row is tokenized."""
+    probe = [{"role": "user", "content": [{"type": "image", "text": None}, {"type": "text", "text": _marker("user")}]},
+             {"role": "assistant", "content": [{"type": "text", "text": _marker("assistant")}]}]
+    try:
+        rendered = tokenizer.apply_chat_template(probe, tokenize=False, chat_template=template)
+    except Exception as exc:  # any template failure is reported below
+        problem = f"fails on a message whose content is a list of parts ({type(exc).__name__}: {exc})"
+    else:
+        count = rendered.count(image_token)
+        if count == 1:
+            return
+        problem = f"writes the image token {image_token!r} {count} times for one image part (rendered: {rendered!r})"
+    raise TemplateError(
+        f"data.chat_template: the chat template {problem}; a vision-language model's template writes {image_token!r} "
+        "for each {\"type\": \"image\"} part. Unset data.chat_template to use the model's own template (the built-in "
+        "chatml and llama3 take text only), or write one that does."
     )

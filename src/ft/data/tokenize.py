@@ -7,6 +7,14 @@ Chat masks are found in character space: each conversation is rendered once with
 tokenized once; the assistant contents (plus the template's end-of-turn text, so the model learns to stop) are
 located in the rendered text, and a token carries loss iff its characters lie inside such a span (the run of such
 tokens found from the span's two ends through the tokenizer's character index).
+
+A vision-language model's chat rows (contents as lists of text and image parts, and ``images``: their paths) are
+masked the same way, from the same rendered text, with no per-family boundaries: the text parts are located in order,
+an assistant turn's span runs from its first text to the end-of-turn after its last. Then each image's placeholder
+token (which the template writes once per image part) becomes the tokens the model's processor writes for that image
+(``ft.data.images.ImageTokens``), none of them trained, whatever ``train_on`` says. Such a row is flagged when its
+placeholders and images differ in number (``ft_image_mismatch``), or when ``max_length`` would cut inside an image's
+tokens (``ft_cut_image``): ``ft.data.build`` refuses or drops those rows, by name.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ class TokenizeSettings:
     max_length: int
     truncation: str  # "truncate" (keep the first max_length tokens) | "drop" (flag the row as ft_too_long)
     train_on: str  # "assistant" (loss on assistant spans / completions only) | "all"
+    parts: bool = False  # chat contents are lists of parts (a vision-language model's rows, rendered by its template)
 
 
 def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings) -> dict[str, list]:
@@ -55,14 +64,22 @@ def tokenize_batch(batch: dict[str, list], tokenizer, settings: TokenizeSettings
     return out
 
 
-def tokenize_arrays(batch: dict[str, list], tokenizer, settings: TokenizeSettings) -> dict[str, list]:
+def tokenize_arrays(batch: dict[str, list], tokenizer, settings: TokenizeSettings, images=None) -> dict[str, list]:
     """``tokenize_batch`` with each row's input_ids and labels as an int32 numpy array (labels that are every token
     IS the input_ids array), for callers that hand the rows to Arrow whole: masks are computed on arrays, since a
-    Python loop per token cost more than the tokenizer itself."""
+    Python loop per token cost more than the tokenizer itself.
+
+    Rows with ``images`` (a vision-language model's chats) need ``images``, the model's ``ImageTokens``; they also
+    return ``images`` (the paths of the images left in each row) and the flags ``ft_image_mismatch`` and
+    ``ft_cut_image`` (see the module's docstring)."""
     if settings.truncation not in ("truncate", "drop") or settings.train_on not in ("assistant", "all"):
         raise ValueError(f"bad TokenizeSettings: truncation={settings.truncation!r}, train_on={settings.train_on!r}")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; loss masks need its offset mapping")
+    if "images" in batch:
+        if images is None or settings.template is None:
+            raise ValueError("rows with images need the model's ImageTokens and a chat template")
+        return _seeing_rows(batch["messages"], batch["images"], tokenizer, settings, images)
     if "messages" in batch:
         if settings.template is None:
             raise ValueError("chat rows need a chat template (TokenizeSettings.template is None)")
@@ -79,7 +96,8 @@ def stop_token_id(settings: TokenizeSettings, tokenizer) -> int | None:
     """The token a trained turn must end with for the model to learn to stop: the last token of the chat template's
     end-of-turn text (``<|im_end|>``, ``<|eot_id|>``), or the tokenizer's EOS for text rows and for templates that
     write nothing after an answer."""
-    return _stop_id(end_of_turn(settings.template, tokenizer).strip() if settings.template else "", tokenizer)
+    eot = end_of_turn(settings.template, tokenizer, settings.parts).strip() if settings.template else ""
+    return _stop_id(eot, tokenizer)
 
 
 def _stop_id(eot: str, tokenizer) -> int | None:
@@ -242,6 +260,102 @@ def _last_inside(encoding, a: int, b: int) -> int | None:
             and chars[0] < chars[1] <= b:
         token += 1
     return token
+
+
+def _seeing_rows(conversations: list, refs: list, tokenizer, settings: TokenizeSettings, images) -> dict[str, list]:
+    """A vision-language model's chat rows: rendered, tokenized and masked as text chats are (the text parts located
+    in the rendered text, ``_part_spans``), then each image placeholder replaced by its image's tokens, untrained;
+    ``max_length`` applied as ``_limit`` applies it, never inside an image's tokens."""
+    render = tokenizer.apply_chat_template
+    texts = [render(messages, tokenize=False, chat_template=settings.template) for messages in conversations]
+    enc = tokenizer(texts, add_special_tokens=False)
+    eot = end_of_turn(settings.template, tokenizer, parts=True).strip()
+    stop = _stop_id(eot, tokenizer)
+    all_ids, all_labels, turns, kept, mismatch, cut_image = [], [], [], [], [], []
+    rows = zip(conversations, refs, texts, enc["input_ids"], enc.encodings, strict=True)
+    for messages, paths, text, row_ids, encoding in rows:
+        ids = np.fromiter(row_ids, dtype=np.int32, count=len(row_ids))
+        if settings.train_on == "all":
+            labels = ids.copy()
+        else:
+            spans = _part_spans(messages, text, eot)
+            if spans is None:
+                spans = _assistant_spans_by_prefix(messages, text, tokenizer, settings.template)
+            labels = _mask(ids, encoding, spans, text)
+        places = np.flatnonzero(ids == images.id)
+        labels[places] = IGNORE_INDEX  # a placeholder is an image's, never text to learn
+        turns.append(_turns(ids, labels, stop, lambda i, e=encoding, t=text: _blank(e, t, i)))
+        mismatch.append(len(places) != len(paths))
+        spans_of_images: list[Span] = []
+        if not mismatch[-1] and len(places):
+            ids, labels, spans_of_images = _expanded(ids, labels, places, [images.of(path) for path in paths])
+        cut = len(ids) > settings.max_length and settings.truncation == "truncate"
+        cut_image.append(cut and any(a < settings.max_length < b for a, b in spans_of_images))
+        kept.append([path for path, (_, end) in zip(paths, spans_of_images, strict=False)
+                     if not cut or end <= settings.max_length] if spans_of_images else list(paths))
+        all_ids.append(ids)
+        all_labels.append(labels)
+    out = _limit(all_ids, all_labels, turns, settings)
+    out.update(images=kept, ft_image_mismatch=mismatch, ft_cut_image=cut_image)
+    return out
+
+
+def _expanded(ids: np.ndarray, labels: np.ndarray, places: np.ndarray, expansions: list[np.ndarray]):
+    """(ids, labels, the [start, end) of each image's tokens) with the placeholder at each of ``places`` replaced by
+    its image's expansion; the expansions' labels are -100."""
+    id_pieces, label_pieces, spans, start, at = [], [], [], 0, 0
+    for place, expansion in zip(places.tolist(), expansions, strict=True):
+        id_pieces += [ids[start:place], expansion]
+        label_pieces += [labels[start:place], np.full(len(expansion), IGNORE_INDEX, dtype=np.int32)]
+        at += place - start
+        spans.append((at, at + len(expansion)))
+        at += len(expansion)
+        start = place + 1
+    id_pieces.append(ids[start:])
+    label_pieces.append(labels[start:])
+    return np.concatenate(id_pieces), np.concatenate(label_pieces), spans
+
+
+def _part_spans(messages: list[dict], text: str, eot: str) -> list[Span] | None:
+    """``_assistant_spans`` for contents given as lists of parts: each message's text parts are located in order
+    (image parts have no text to find); an assistant turn's span runs from its first text part (leading whitespace
+    the template kept included) to the end-of-turn text after its last. None when a text cannot be located (the
+    template rewrites it): the caller then falls back to prefix rendering."""
+    cursor, spans = 0, []
+    for message in messages:
+        texts = [part["text"] for part in message["content"] if part.get("type") == "text" and part.get("text")]
+        needles = [t.strip() for t in texts if t.strip()]
+        if message.get("role") != "assistant":
+            for needle in needles:
+                at = text.find(needle, cursor)
+                if at < 0:
+                    return None
+                cursor = at + len(needle)
+            continue
+        if not needles:
+            return None  # nothing to search for; the prefix renders know where the turn is
+        at = text.find(needles[0], cursor)
+        while at >= 0:
+            end = at + len(needles[0])
+            for needle in needles[1:]:
+                found = text.find(needle, end)
+                if found < 0:
+                    return None
+                end = found + len(needle)
+            after = _SPACE.match(text, end).end()
+            if not eot or text.startswith(eot, after):
+                break
+            at = text.find(needles[0], at + 1)
+        if at < 0:
+            return None
+        first = next(t for t in texts if t.strip())
+        lead = first[: len(first) - len(first.lstrip())]  # leading whitespace the template kept
+        if lead and at - len(lead) >= cursor and text.startswith(lead, at - len(lead)):
+            at -= len(lead)
+        end = after + len(eot) if eot else end
+        spans.append((at, end))
+        cursor = end
+    return spans
 
 
 def _text_rows(prompts: list[str], completions: list[str], tokenizer, settings: TokenizeSettings):

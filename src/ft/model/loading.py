@@ -185,8 +185,8 @@ def model_class(recipe: Recipe, modality: str = "text"):
         raise ModelLoadError(
             f"model.name: {recipe.model.name!r} is a {modality} model (transformers has no text-only class for it), "
             f"and ft trains {' or '.join(method.modalities)} models with method {recipe.method}; name a text model "
-            "(or the language model of this family), or see docs/architecture.md for the state of vision-language "
-            "training.")
+            "(or the language model of this family); docs/vision.md says which methods train vision-language "
+            "models.")
     return getattr(transformers, name)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, PositiveInt, StrictBool, StrictStr, field_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictStr, field_validator, model_validator
 
 from .base import Section, resolve_input_path
 from .names import FORMATS
@@ -61,6 +61,26 @@ class ExactMatchSettings(Section):
         "baseline the trained figure is read against. Skipped when the run resumes from a checkpoint.")
 
 
+class ImageSettings(Section):
+    """How the images of a vision-language model's rows are sized before its image processor sees them (at most one
+    of the two; neither: as stored). Token counts are computed from these sizes when the data is prepared, and the
+    images are loaded and resized the same way, a batch at a time, while training."""
+
+    max_pixels: Optional[PositiveInt] = Field(
+        None, description="An image with more pixels (width x height) is scaled down to at most this many, its "
+        "aspect ratio kept: bounds the image tokens of processors whose count grows with the image (Qwen2-VL, "
+        "LLaVA-NeXT), and the time spent resizing large photos.")
+    size: Optional[list[PositiveInt]] = Field(
+        None, min_length=2, max_length=2,
+        description="[width, height]: every image resized to exactly this size (its aspect ratio not kept).")
+
+    @model_validator(mode="after")
+    def one_rule(self):
+        if self.max_pixels is not None and self.size is not None:
+            raise ValueError("set `max_pixels` (scale large images down) or `size` (resize every image), not both")
+        return self
+
+
 class DataSection(Section):
     train: list[DataSource] = Field(min_length=1, description="Training sources, mixed (concatenated, then shuffled "
                                     "by the trainer).")
@@ -89,6 +109,9 @@ class DataSection(Section):
         "warn", description="Trained turns whose last trained token is not the one that ends a turn (the model would "
         "not learn to stop): warn with the count and an example, or refuse the data (SFT).")
     eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
+    image: Optional[ImageSettings] = Field(
+        None, description="Vision-language models: how images are sized before the model's image processor (unset: "
+        "as stored). docs/vision.md.")
     streaming: StrictBool = Field(
         False, description="Read, tokenize (and pack) the training rows as training consumes them, never holding the "
         "corpus in memory or a cache; each source starts again when it runs out, so `train.max_steps` is needed. "

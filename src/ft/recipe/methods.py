@@ -407,7 +407,7 @@ DEFAULT_METHOD = "sft"
 METHODS: dict[str, Method] = {
     "sft": Method(None, ("chat", "instruction", "text"), "trl:SFTConfig", ft_tokenizes=True,
                   headlines=(Headline("token_accuracy", "mean_token_accuracy", "acc"), Headline("loss", "loss")),
-                  reads=frozenset(ONLY_SOME), fused_lm_head=True),
+                  reads=frozenset(ONLY_SOME), fused_lm_head=True, modalities=("text", "vision")),
     "dpo": Method(DpoSection, ("preference",), "trl:DPOConfig", ft_tokenizes=False, headlines=(_ACCURACY, _MARGIN),
                   sequences_per_row=2, reference_copy=True, axolotl=("dpo", "ipo")),
     "grpo": Method(GrpoSection, ("prompt",), "trl:GRPOConfig", ft_tokenizes=False,

@@ -34,8 +34,13 @@ from .schema import Recipe
 
 Rule = Callable[[Recipe], list[Problem]]
 ProcessRule = Callable[[Recipe, "Processes | None"], list[Problem]]
+ModalityRule = Callable[[Recipe, str], list[Problem]]
 RULES: list[Rule] = []
 PROCESS_RULES: list[ProcessRule] = []  # rules that involve the run's processes: they also take the command's count
+# rules that involve what the model reads (``methods.MODALITIES``), known once its processing class is loaded (a
+# hub model's config is not read while a recipe is validated): ``ft.data.prepare_data`` runs them, before any row is
+# read, and raises their problems as a RecipeError, located at the key's file and line like the others
+MODALITY_RULES: list[ModalityRule] = []
 
 
 def rule(fn: Rule) -> Rule:
@@ -46,6 +51,16 @@ def rule(fn: Rule) -> Rule:
 def process_rule(fn: ProcessRule) -> ProcessRule:
     PROCESS_RULES.append(fn)
     return fn
+
+
+def modality_rule(fn: ModalityRule) -> ModalityRule:
+    MODALITY_RULES.append(fn)
+    return fn
+
+
+def check_modality(recipe: Recipe, modality: str) -> list[Problem]:
+    """Every modality rule's problems for a model that reads ``modality`` (``text`` or ``vision``)."""
+    return [problem for fn in MODALITY_RULES for problem in fn(recipe, modality)]
 
 
 def check_rules(recipe: Recipe, processes: Processes | None = None) -> list[Problem]:
@@ -418,6 +433,49 @@ def packing_is_sft_only(recipe: Recipe) -> list[Problem]:
         return error("data.packing", f"packing is only for method `{methods}`, not `{recipe.method}`; "
                      "set `data.packing: false`.")
     return []
+
+
+@modality_rule
+def method_trains_the_modality(recipe: Recipe, modality: str) -> list[Problem]:
+    """A method trains the models its entry declares (``Method.modalities``): a vision-language model named for
+    another is refused before its data is read, where its rows' images would otherwise be called bad rows."""
+    if modality in METHODS[recipe.method].modalities:
+        return []
+    trains = [name for name, method in METHODS.items() if modality in method.modalities]
+    return error("model.name", f"is a {modality} model (transformers has no text-only class for it), and method "
+                 f"`{recipe.method}` trains {' or '.join(METHODS[recipe.method].modalities)} models; name a text model"
+                 + (f", or use method `{'` or `'.join(trains)}`." if trains else "."))
+
+
+@modality_rule
+def vision_rows_are_not_packed(recipe: Recipe, modality: str) -> list[Problem]:
+    """Packing concatenates rows into one sequence; a vision-language model's images are matched to their tokens by
+    order across the whole batch, and TRL packs token ids alone (its ``pack_dataset`` drops the ``images`` column and
+    SFTTrainer refuses packing with a vision dataset), so packed rows would lose their images."""
+    if modality == "vision" and recipe.data.packing:
+        return error("data.packing", "a vision-language model's rows cannot be packed: packing joins rows' token ids "
+                     "and would separate the images from their tokens (TRL packs text only). Set `data.packing: "
+                     "false`; `train.train_sampling_strategy: group_by_length` batches rows of similar length "
+                     "instead, to waste little on padding.")
+    return []
+
+
+@modality_rule
+def vision_rows_are_read_whole(recipe: Recipe, modality: str) -> list[Problem]:
+    """ft prepares a vision-language model's rows before training (each image's token count from the processor);
+    streaming them and exact match on image rows are not built yet, and are refused rather than run without images."""
+    if modality != "vision":
+        return []
+    problems = []
+    if recipe.data.streaming:
+        problems += error("data.streaming", "a vision-language model's rows are prepared before training (each "
+                          "image's tokens counted by the model's processor); streaming them is not supported yet. "
+                          "Remove data.streaming (use `fraction` to train on a share of a large dataset).")
+    if recipe.data.eval_exact_match is not None:
+        problems += error("data.eval_exact_match", "exact match generates from text prompts, and a vision-language "
+                          "model's prompts hold images, which it does not pass yet; remove it (evaluation loss on "
+                          "data.eval still runs).")
+    return problems
 
 
 @rule

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import data
 from ..model import loading, locate
 from ..outputs import lock
-from ..recipe import LoadedRecipe, Problem
+from ..recipe import LoadedRecipe, Problem, RecipeError
 
 
 def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, wait: bool = False) -> data.PreparedData:
@@ -25,5 +25,8 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, wait
     if problems:
         raise loaded.error(problems)
     with lock.prepared_path(Path(recipe.data.prepared_path), wait=wait, say=say):
-        tokenizer = locate.start_processing_class(recipe.model)
-        return data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say)
+        processing_class = locate.start_processing_class(recipe.model)  # a processor for a vision-language model
+        try:
+            return data.prepare_data(recipe, processing_class, data.chat_template_for(recipe, processing_class), say)
+        except RecipeError as exc:  # what the model's modality shows wrong in the recipe (data.packing with images)
+            raise loaded.error(exc.problems) from None

@@ -410,7 +410,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     problems = loading.token_problems(recipe, tokenizer)
     if problems:  # located by train(): file and line
         raise RecipeError(problems)
-    template = data.chat_template_for(recipe, tokenizer)
+    template = data.chat_template_for(recipe, processing_class)
     if template is not None:
         processing_class.chat_template = template  # final/ ships the template the model was trained with
     # one process writes data.prepared_path, the others wait for it outside any collective (no timeout)
@@ -422,8 +422,9 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     if ranks.is_main() and recipe.data.prepared_path is not None:
         held = lock.prepared_path(Path(recipe.data.prepared_path), wait=True, say=say, only_if_writable=True)
     with held:
-        prepared = data.prepare_data(recipe, tokenizer, template, say, rebuild_ok=not recipe.data.require_prepared,
-                                     builder=ranks.is_main(), world_size=ranks.world_size())
+        prepared = data.prepare_data(recipe, processing_class, template, say,
+                                     rebuild_ok=not recipe.data.require_prepared, builder=ranks.is_main(),
+                                     world_size=ranks.world_size())
     data_ready = time.perf_counter()
     model = locate.load_start(recipe, seed=recipe.train_args.get("seed", 42), say=say)
     model, new_token_ids = adapters.prepare_base(model, recipe, tokenizer, say)

@@ -8,6 +8,7 @@ import torch
 from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
 
+from ..data.images import ImageBatches, ImageTokens
 from ..data.labels import IGNORE_INDEX
 from ..recipe import Recipe
 from .build import TrainerInputs, trainer_kwargs, trl_config
@@ -33,7 +34,25 @@ def config(recipe: Recipe, defaults: Mapping[str, object]) -> SFTConfig:
 
 def build(recipe: Recipe, inputs: TrainerInputs) -> FtSFTTrainer:
     return FtSFTTrainer(compute_loss_func=inputs.hooks.loss, **metric_kwargs(recipe.metrics),
-                        **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
+                        **_collator(recipe, inputs), **trainer_kwargs(recipe, inputs, config(recipe, inputs.defaults)))
+
+
+def _collator(recipe: Recipe, inputs: TrainerInputs) -> dict:
+    """A vision-language model's rows (``ft.data``: token ids, masks and their images' paths) are batched by
+    ``ft.data.images.ImageBatches``, which reads the batch's images and runs the processor on them; a text model's by
+    TRL's own collator (none given here). The pad token is the one TRL would pad with (``train.pad_token``, else the
+    tokenizer's), mirrored onto the model's configs as TRL does for its own collator."""
+    processor = inputs.processing_class
+    if getattr(processor, "image_processor", None) is None:
+        return {}
+    tokenizer = processor.tokenizer
+    if recipe.train_args.get("pad_token"):
+        tokenizer.pad_token = recipe.train_args["pad_token"]
+    model = inputs.model
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return {"data_collator": ImageBatches(ImageTokens(processor, recipe.data.image), tokenizer.pad_token_id)}
 
 
 class FtSFTTrainer(FtTrainerMixin, SFTTrainer):
