@@ -227,10 +227,16 @@ def generate(
     chat_template: Annotated[bool, typer.Option("--chat-template/--no-chat-template",
                                                 help="Render prompts with the saved chat template.")] = True,
     dtype: DtypeOpt = None,
+    image: Annotated[Path | None, typer.Option("--image", show_default=False, help="An image every --prompt asks "
+                                               "about (a vision-language run: docs/vision.md).")] = None,
 ) -> None:
     """Complete a prompt (or a file of prompts) with a trained model, adapter or merged model."""
     if (not prompt) == (file is None):
         _err("ft generate: give --prompt TEXT (one or more) or --file prompts.jsonl, not both.")
+        raise typer.Exit(EXIT_INVALID)
+    if image is not None and file is not None:
+        _err("ft generate: --image goes with --prompt (each prompt asks about the image); a --file's prompts take no "
+             "image yet. Give the questions with --prompt.")
         raise typer.Exit(EXIT_INVALID)
     from .inference.generate import Sampling, read_prompts
     from .inference.generate import generate as run_generate
@@ -242,8 +248,8 @@ def generate(
     def step() -> None:
         items = [(f"--prompt {i + 1}", {"prompt": text}) for i, text in enumerate(prompt)] if file is None \
             else read_prompts(file)
-        for (_, item), completion in zip(items, run_generate(source, items, sampling, dtype, seed, say=_err),
-                                         strict=True):
+        completions = run_generate(source, items, sampling, dtype, seed, say=_err, image=image)
+        for (_, item), completion in zip(items, completions, strict=True):
             print(completion if file is None else json.dumps({**item, "completion": completion}, ensure_ascii=False),
                   flush=True)
 

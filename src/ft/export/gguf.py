@@ -115,11 +115,29 @@ def _check_architecture(found: Found) -> None:
             model_type = json.loads((found.path / "config.json").read_text()).get("model_type")
         except (OSError, ValueError, AttributeError):
             return  # loading says what is wrong with it
+        _refuse_vision(model_type, found)
         architecture_of(model_type, ARG)
         return
     model_type = _base_model_type(found)
     if model_type is not None:
+        _refuse_vision(model_type, found)
         architecture_of(model_type, ARG)
+
+
+def _refuse_vision(model_type: str | None, found: Found) -> None:
+    """A vision-language model (``ft.model.loading.modality_of``) is refused: llama.cpp reads such a model from two
+    files, the language model's GGUF and a separate projector file (mmproj) holding the vision tower and projector,
+    and ft writes the first kind only. Refused from the config, before anything is written."""
+    from types import SimpleNamespace
+
+    from ..model.loading import modality_of
+
+    if modality_of(SimpleNamespace(model_type=model_type)) == "vision":
+        raise ExportError(f"{ARG}: {found.path} is a vision-language model ({model_type}); llama.cpp reads one as "
+                          "two files, the language model's GGUF and a separate projector file (mmproj) with its "
+                          "vision tower, and ft does not write the projector file. Nothing was written. Serve it "
+                          "with transformers (ft generate --image), or convert final/ (or `ft merge`'s output) with "
+                          "llama.cpp's convert_hf_to_gguf.py and its --mmproj option.")
 
 
 def _base_model_type(found: Found) -> str | None:

@@ -1,5 +1,9 @@
 """``ft generate``: completions of prompts (or a JSON-lines file of them) from a full model, an adapter run or a
-merged model, rendered with the chat template the run trained with."""
+merged model, rendered with the chat template the run trained with.
+
+A vision-language run (its processing class a processor: ``ft.model.locate.load_processing_class``) renders each
+prompt as a user message of content parts, ``--image`` first when given, and its processor turns the rendered text
+and the image into the model's inputs (the image token expanded, ``pixel_values``), as in training."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FtError
+from ..model.loading import text_tokenizer
 from ..model.locate import load_for_generation
 from ..recipe.errors import first_line
 
@@ -26,22 +31,53 @@ class Sampling:
 
 
 def generate(path: Path, items: list[tuple[str, dict]], sampling: Sampling, dtype: str | None = None,
-             seed: int | None = None, say: Callable[[str], None] = print) -> Iterator[str]:
+             seed: int | None = None, say: Callable[[str], None] = print, image: Path | None = None) -> Iterator[str]:
     """The completion of each (where, item) in turn. Every prompt is rendered before the first completion, so a
-    bad line fails before any output; ``seed`` is set once, so a whole file of samples is reproducible."""
+    bad line fails before any output; ``seed`` is set once, so a whole file of samples is reproducible. ``image``
+    (``--image``): a picture every prompt asks about, for a vision-language model; read before the model loads."""
+    picture = read_image(image) if image is not None else None
     model, tokenizer = load_for_generation(path, dtype, say)
-    texts = [prompt_text(tokenizer, item, sampling, where) for where, item in items]
+    if picture is not None and not sees(tokenizer):
+        raise InferenceError(f"--image: {path} is a text model, which reads no images; drop --image, or generate "
+                             "with a vision-language run (a model whose folder holds processor_config.json).")
+    if picture is not None and not (sampling.chat_template and getattr(tokenizer, "chat_template", None)):
+        raise InferenceError("--image: the image is placed in the prompt by the chat template (its image token), and "
+                             + ("--no-chat-template was given" if not sampling.chat_template else
+                                "the model's processor has no chat template") + "; drop --no-chat-template.")
+    texts = [prompt_text(tokenizer, item, sampling, where, picture is not None) for where, item in items]
     if seed is not None:
         from transformers import set_seed
 
         set_seed(seed)
     for text, templated in texts:
-        yield complete(model, tokenizer, text, templated, sampling)
+        yield complete(model, tokenizer, text, templated, sampling, picture)
 
 
-def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str) -> tuple[str, bool]:
+def sees(processing_class) -> bool:
+    """Whether the processing class reads images (a processor with an image processor), i.e. the model is a
+    vision-language one."""
+    return getattr(processing_class, "image_processor", None) is not None
+
+
+def read_image(path: Path):
+    """``--image``: the picture, decoded, upright and RGB as training reads one (``ft.data.images.load_image``); a
+    missing or unreadable file is refused naming the flag, before any model loads."""
+    from ..data.images import load_image
+
+    if not path.is_file():
+        raise InferenceError(f"--image: {path} does not exist or is not a file; give the path of an image file.")
+    try:
+        return load_image(str(path), None)
+    except Exception as exc:  # PIL's errors for a file that is not an image: UnidentifiedImageError, OSError, ...
+        raise InferenceError(f"--image: {path} cannot be read as an image ({first_line(exc)}); give a PNG, JPEG or "
+                             "another format PIL reads.") from None
+
+
+def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bool = False) -> tuple[str, bool]:
     """The text the model continues, and whether it already holds the special tokens (a rendered template). A
-    plain prompt becomes the user's message when the tokenizer has a chat template, as in training."""
+    plain prompt becomes the user's message when the tokenizer has a chat template, as in training. A processor's
+    template reads content parts (SmolVLM's takes no plain string): each message's text becomes a text part, and
+    ``image`` puts an image part first in the last user message."""
     templated = sampling.chat_template and bool(getattr(tokenizer, "chat_template", None))
     if not templated and "messages" in item:
         why = "--no-chat-template was given" if not sampling.chat_template else "the tokenizer has no chat template"
@@ -50,18 +86,30 @@ def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str) -> tuple[
     if not templated:
         return item["prompt"], False
     messages = item["messages"] if "messages" in item else [{"role": "user", "content": item["prompt"]}]
+    if sees(tokenizer):
+        messages = [{**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
+                     else m["content"]} for m in messages]
+    if image:
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
+            m["role"] == "user" for m in messages) else len(messages) - 1
+        messages[last] = {**messages[last], "content": [{"type": "image"}, *messages[last]["content"]]}
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
 
 
-def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling) -> str:
+def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling, image=None) -> str:
     """One completion: the new tokens only, decoded without special tokens. A rendered template already holds
-    its special tokens; raw text gets the tokenizer's usual ones (BOS)."""
+    its special tokens; raw text gets the tokenizer's usual ones (BOS). ``tokenizer`` may be a processor, which is
+    handed ``image`` (a PIL image, or None) with the text."""
     import torch
 
-    encoded = tokenizer(text, return_tensors="pt", add_special_tokens=not templated).to(model.device)
+    pictures = {"images": [[image]]} if image is not None else {}
+    encoded = tokenizer(text=[text], return_tensors="pt", add_special_tokens=not templated, **pictures).to(model.device)
+    if "pixel_values" in encoded:  # the processor's float32 pixels, in the model's dtype
+        encoded["pixel_values"] = encoded["pixel_values"].to(model.dtype)
+    text_side = text_tokenizer(tokenizer)
     with torch.no_grad():
-        output = model.generate(**encoded, generation_config=generation_config(model, tokenizer, sampling))
-    return tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+        output = model.generate(**encoded, generation_config=generation_config(model, text_side, sampling))
+    return text_side.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def generation_config(model, tokenizer, sampling: Sampling):

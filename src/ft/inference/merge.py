@@ -39,7 +39,9 @@ def merge(source: Path, out: Path, dtype: str | None = None, say: Callable[[str]
     merged = model.merge_and_unload(safe_merge=True)  # safe_merge: refuse NaNs instead of writing them
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # with the chat template the run trained with (chat_template.jinja)
+    # with the chat template the run trained with (chat_template.jinja); a vision-language run's processor writes its
+    # image processor's config and processor_config.json too, so AutoProcessor loads the merged folder as one
+    tokenizer.save_pretrained(out)
     say(f"ft: merged {found.path} into {out}")
     if batch is None:
         say(f"ft: merge check skipped: {why}")
@@ -64,17 +66,26 @@ def merge(source: Path, out: Path, dtype: str | None = None, say: Callable[[str]
 
 def _check_batch(recipe, tokenizer):
     """(the first CHECK_ROWS rows of the run's data, each tokenized alone: no padding, so no pad token needed; None)
-    or (None, why not)."""
+    or (None, why not). A vision-language run's processor is handed each row's images with its text (read as
+    training reads them, ``data.image`` applied), and the rows are not cut: a cut could fall inside an image."""
     if recipe is None:
         return None, "no recipe.yaml next to the adapter says which data the run trained on"
     from ..data.build import read_splits
+    from ..data.images import load_image
+    from .generate import sees
 
+    seeing = sees(tokenizer)
     try:
-        train, evaluation, _ = read_splits(recipe, lambda _: None)
+        train, evaluation, _ = read_splits(recipe, lambda _: None, images=seeing)
         rows = (evaluation if evaluation is not None and len(evaluation) else train)
-        texts = [row_text(rows[i], tokenizer) for i in range(min(CHECK_ROWS, len(rows)))]
-        return [tokenizer(text, return_tensors="pt", truncation=True, max_length=recipe.data.max_length)
-                for text in texts], None
+        rows = [rows[i] for i in range(min(CHECK_ROWS, len(rows)))]
+        if seeing:
+            return [tokenizer(text=[row_text(row, tokenizer)], return_tensors="pt",
+                              **({"images": [[load_image(ref, recipe.data.image) for ref in row["images"]]]}
+                                 if row.get("images") else {}))
+                    for row in rows], None
+        return [tokenizer(row_text(row, tokenizer), return_tensors="pt", truncation=True,
+                          max_length=recipe.data.max_length) for row in rows], None
     except Exception as exc:  # the data is not on this machine, or its rows do not render: the merge stands alone
         return None, f"the run's data could not be read or rendered here ({type(exc).__name__}: {first_line(exc)})"
 

@@ -30,8 +30,16 @@ from pathlib import Path
 
 from ..errors import FtError
 from ..recipe.errors import first_line
-from ..recipe.methods import METHODS
-from .loading import ModelLoadError, load_config, load_model, load_weights, names_a_path, text_tokenizer
+from ..recipe.methods import METHODS, MODEL_CLASSES
+from .loading import (
+    ModelLoadError,
+    load_config,
+    load_model,
+    load_weights,
+    modality_of,
+    names_a_path,
+    text_tokenizer,
+)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -225,11 +233,11 @@ def _check_weights(base: Base, arg: str) -> None:
 
 def _from_pretrained(base: Base, dtype: str, arg: str):
     import torch
-    from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(base.name, revision=base.revision,
-                                                    dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+        auto = writing_class(base.name, base.revision)
+        return auto.from_pretrained(base.name, revision=base.revision,
+                                    dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
         raise LocateError(_unreachable(base, arg, first_line(exc))) from None
 
@@ -399,13 +407,25 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     return model.to(device).eval(), tokenizer
 
 
+def writing_class(name, revision: str | None = None):
+    """The transformers auto class of a model that writes text, by the modality its saved config says
+    (``ft.model.loading.modality_of``, ``ft.recipe.methods.MODEL_CLASSES``): a causal LM, or an image-text-to-text
+    model (LLaVA, Idefics3, Qwen2-VL), which has no causal-LM class to load as."""
+    import transformers
+    from transformers import AutoConfig
+
+    modality = modality_of(AutoConfig.from_pretrained(name, revision=revision))
+    return getattr(transformers, MODEL_CLASSES[("writes", modality)])
+
+
 def load_full(folder: Path, dtype: str, arg: str = "MODEL_OR_RUN_DIR"):
-    """A full model as saved (``ft generate``, ``ft export``)."""
+    """A full model as saved (``ft generate``, ``ft export``), with the class its config's modality asks for
+    (``writing_class``)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+        auto = writing_class(folder)
+        return auto.from_pretrained(folder, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError) as exc:
         raise LocateError(f"{arg}: could not load the model in {folder}: {first_line(exc)}. It needs "
                           "config.json and weights (model.safetensors) as save_pretrained writes them.") from None

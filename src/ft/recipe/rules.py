@@ -448,6 +448,28 @@ def method_trains_the_modality(recipe: Recipe, modality: str) -> list[Problem]:
 
 
 @modality_rule
+def freeze_needs_a_vision_model(recipe: Recipe, modality: str) -> list[Problem]:
+    """``model.freeze`` names parts of a vision-language model (its vision tower, its projector); a text model has
+    neither, and freezing nothing would train it whole while the recipe says otherwise."""
+    if modality == "vision" or not recipe.model.freeze:
+        return []
+    return error("model.freeze", f"freezes a vision-language model's {' and '.join(recipe.model.freeze)}, and "
+                 f"model.name ({recipe.model.name}) is a text model, which has neither; remove model.freeze.")
+
+
+@rule
+def freeze_with_an_adapter_changes_nothing(recipe: Recipe) -> list[Problem]:
+    """With an adapter the whole base is frozen (PEFT trains the adapter alone), so ``model.freeze`` adds nothing; the
+    vision tower and projector already get no adapter unless ``adapter.target_modules`` names them."""
+    if not recipe.model.freeze or recipe.adapter is None:
+        return []
+    return warning("model.freeze", "with an `adapter:` the whole base is frozen already (only the adapter trains), "
+                   "and a vision-language model's vision tower and projector get no adapter unless "
+                   "adapter.target_modules names them; model.freeze changes nothing here. Remove it, or remove "
+                   "`adapter:` for a full fine-tune with those parts frozen.")
+
+
+@modality_rule
 def vision_rows_are_not_packed(recipe: Recipe, modality: str) -> list[Problem]:
     """Packing concatenates rows into one sequence; a vision-language model's images are matched to their tokens by
     order across the whole batch, and TRL packs token ids alone (its ``pack_dataset`` drops the ``images`` column and

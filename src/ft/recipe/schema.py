@@ -58,6 +58,9 @@ class ModelSection(Section):
         None, description="A GGUF file (llama.cpp's format) to take the weights, config and tokenizer from, "
         "de-quantized to `dtype`: its name inside `name` (a local directory or a hub repository), as transformers' "
         "`gguf_file`. Needs the `gguf` package (`pip install 'ft[gguf]'`).")
+    freeze: list[Literal["vision", "projector"]] | None = Field(
+        None, description="A vision-language model's parts that do not train in a full fine-tune: `vision` (its "
+        "vision tower), `projector` (what maps image features into the language model); docs/vision.md.")
 
     resolve_name = field_validator("name")(resolve_input_path)
 
