@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import transformers
 from conftest import ASSETS, tiny_sft
-from transformers import AutoConfig, AutoTokenizer
+from test_vision import build_tiny_llava
+from transformers import AutoConfig
 
 from ft.model import loading, locate
 from ft.recipe import load_recipe
@@ -19,22 +20,8 @@ from ft.recipe.schema import ModelSection
 
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory):
-    """A folder with a tiny random LLaVA's config and its processor (the shipped tiny tokenizer plus an image token,
-    and CLIP's image processor): what a vision-language model on the hub holds, less the weights."""
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    tokenizer = AutoTokenizer.from_pretrained(ASSETS)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    image_processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16},
-                                                      crop_size={"height": 16, "width": 16})
-    transformers.LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8).save_pretrained(
-        folder)
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=16, patch_size=8)
-    text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    num_key_value_heads=2, vocab_size=len(tokenizer))
-    transformers.LlavaConfig(vision_config=vision, text_config=text,
-                             image_token_index=tokenizer.convert_tokens_to_ids("<image>")).save_pretrained(folder)
-    return folder
+    """A tiny random LLaVA's config and processor, with no chat template of its own (test_vision builds it)."""
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-llava"), chat_template=None)
 
 
 def test_the_modality_is_read_from_transformers_own_tables(tiny_llava):

@@ -54,15 +54,14 @@ def _tokenizer(*tokens: str):
     return tokenizer
 
 
-@pytest.fixture(scope="module")
-def tiny_llava(tmp_path_factory) -> Path:
+def build_tiny_llava(folder: Path, chat_template: str | None = CHATML_IMAGES) -> Path:
     """A tiny random LLaVA's folder: config and processor (the shipped tiny tokenizer plus `<image>`, CLIP's image
-    processor at 16x16, 4 tokens an image) with a chat template that takes image parts."""
-    folder = tmp_path_factory.mktemp("tiny-llava")
+    processor at 16x16, 4 tokens an image) with ``chat_template`` (one that takes image parts by default). What a
+    vision-language model on the hub holds, less the weights; the vision tests build theirs here."""
     tokenizer = _tokenizer("<image>")
     image_processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     transformers.LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
-                                chat_template=CHATML_IMAGES).save_pretrained(folder)
+                                chat_template=chat_template).save_pretrained(folder)
     vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                            num_attention_heads=2, image_size=16, patch_size=8)
     text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -70,6 +69,11 @@ def tiny_llava(tmp_path_factory) -> Path:
     transformers.LlavaConfig(vision_config=vision, text_config=text,
                              image_token_index=tokenizer.convert_tokens_to_ids("<image>")).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 import transformers
 import yaml
 from conftest import ASSETS, built_trainer, run_ft
-from test_vision import CHATML_IMAGES, _square, _squares, _tokenizer
+from test_vision import CHATML_IMAGES, _square, _squares, build_tiny_llava
 
 from ft.model.adapters import fit_lora_targets, freeze, part_parameters, vision_parts
 from ft.model.loading import ModelLoadError
@@ -23,20 +23,8 @@ from ft.recipe.rules import check_modality
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory) -> Path:
-    """A tiny random LLaVA's folder, as test_vision builds it: config and processor (the shipped tiny tokenizer plus
-    `<image>`, CLIP's image processor at 16x16, 4 tokens an image, a chat template that takes image parts)."""
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    tokenizer = _tokenizer("<image>")
-    image_processor = transformers.CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
-    transformers.LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
-                                chat_template=CHATML_IMAGES).save_pretrained(folder)
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=16, patch_size=8)
-    text = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    num_key_value_heads=2, vocab_size=len(tokenizer))
-    transformers.LlavaConfig(vision_config=vision, text_config=text,
-                             image_token_index=tokenizer.convert_tokens_to_ids("<image>")).save_pretrained(folder)
-    return folder
+    """A tiny random LLaVA's folder, as test_vision builds it."""
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 
 def _recipe(folder: Path, model: Path, steps: int = 2, adapter: dict | None = None, **model_keys) -> Path:
