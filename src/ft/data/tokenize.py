@@ -163,37 +163,9 @@ def _assistant_spans(messages: list[dict], text: str, eot: str) -> list[Span] | 
     ``eot``, which skips look-alikes elsewhere. None when a content cannot be located (the template rewrites
     it): the caller then falls back to prefix rendering.
     """
-    cursor, spans = 0, []
-    for message in messages:
-        content = message.get("content")
-        if not isinstance(content, str):
-            return None
-        needle = content.strip()
-        if message.get("role") != "assistant":
-            if needle:
-                at = text.find(needle, cursor)
-                if at < 0:
-                    return None
-                cursor = at + len(needle)
-            continue
-        if not needle:
-            return None  # an empty answer leaves nothing to search for; the prefix renders know where it is
-        at = text.find(needle, cursor)
-        while at >= 0:
-            end = at + len(needle)
-            after = _SPACE.match(text, end).end()
-            if not eot or text.startswith(eot, after):
-                break
-            at = text.find(needle, at + 1)
-        if at < 0:
-            return None
-        lead = content[: len(content) - len(content.lstrip())]  # leading whitespace the template kept
-        if lead and at - len(lead) >= cursor and text.startswith(lead, at - len(lead)):
-            at -= len(lead)
-        end = after + len(eot) if eot else end
-        spans.append((at, end))
-        cursor = end
-    return spans
+    if not all(isinstance(message.get("content"), str) for message in messages):
+        return None
+    return _spans_of([(message.get("role"), [message["content"]]) for message in messages], text, eot)
 
 
 def _assistant_spans_by_prefix(messages: list[dict], text: str, tokenizer, template: str) -> list[Span]:
@@ -321,11 +293,18 @@ def _part_spans(messages: list[dict], text: str, eot: str) -> list[Span] | None:
     (image parts have no text to find); an assistant turn's span runs from its first text part (leading whitespace
     the template kept included) to the end-of-turn text after its last. None when a text cannot be located (the
     template rewrites it): the caller then falls back to prefix rendering."""
+    return _spans_of([(message.get("role"), [part["text"] for part in message["content"]
+                                             if part.get("type") == "text" and part.get("text")])
+                      for message in messages], text, eot)
+
+
+def _spans_of(turns: list[tuple[str | None, list[str]]], text: str, eot: str) -> list[Span] | None:
+    """The search behind ``_assistant_spans`` and ``_part_spans``: ``turns`` are (role, the texts of its content in
+    order; a string content is one text)."""
     cursor, spans = 0, []
-    for message in messages:
-        texts = [part["text"] for part in message["content"] if part.get("type") == "text" and part.get("text")]
+    for role, texts in turns:
         needles = [t.strip() for t in texts if t.strip()]
-        if message.get("role") != "assistant":
+        if role != "assistant":
             for needle in needles:
                 at = text.find(needle, cursor)
                 if at < 0:
