@@ -131,6 +131,9 @@ def test_lora_targets_the_language_model_only_unless_the_recipe_names_the_vision
     with_projector = adapted_with(["q_proj", "multi_modal_projector.linear_1"])
     assert "model.multi_modal_projector.linear_1" in with_projector
     assert not any("vision_tower" in name for name in with_projector)
+    said: list[str] = []  # ft train says what the adapter leaves out, and how to opt it in
+    fit_lora_targets(LoraConfig(r=4, target_modules="all-linear"), type(base)(base.config), said.append)
+    assert len(said) == 1 and "language model only" in said[0] and "vision_tower" in said[0], said
     everywhere = adapted_with(r".*\.(q_proj|v_proj)")
     assert any(name.startswith("model.vision_tower.") for name in everywhere)
 

@@ -433,9 +433,11 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                 **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
                 **checkpoints.JIT_DEFAULT}
     sharded = bool(defaults.get("fsdp") or defaults.get("deepspeed"))
+    # a vision-language model's adapter goes on its language model only (said, with how to opt the tower in)
+    lora = adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task)
+    lora = adapters.fit_lora_targets(lora, model, say)
     inputs = TrainerInputs(model, processing_class, prepared.train, prepared.eval, hooks, defaults, tuple(callbacks),
-                           hardware.optimizer_defaults(recipe, hw),
-                           adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task),
+                           hardware.optimizer_defaults(recipe, hw), lora,
                            preflight.settings_for(recipe, hw.cuda, sharded, say))
     trainer = build_trainer(recipe, inputs)
     if phases is not None:

@@ -99,8 +99,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "train_dataset": inputs.train_dataset,
         "eval_dataset": inputs.eval_dataset,
         "processing_class": inputs.processing_class,
-        # a vision-language model's adapter: on its language model only (model.adapters.fit_lora_targets)
-        "peft_config": adapters.fit_lora_targets(inputs.peft_config, inputs.model),
+        "peft_config": inputs.peft_config,
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
         "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),
         "ft_preflight": inputs.preflight,
