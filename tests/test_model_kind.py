@@ -57,7 +57,7 @@ def test_the_model_class_comes_from_the_method_and_the_modality():
     assert METHODS["reward"].model_class("text") == "AutoModelForSequenceClassification"
     assert METHODS["sft"].peft_task == "CAUSAL_LM" and METHODS["reward"].peft_task == "SEQ_CLS"
     assert METHODS["sft"].model_class("vision") == "AutoModelForImageTextToText"  # SFT trains images (test_vision)
-    assert all(method.model_class("vision") is None for name, method in METHODS.items() if name != "sft")
+    assert [name for name, method in METHODS.items() if method.model_class("vision") is None] == ["orpo", "reward"]
     assert replace(METHODS["sft"], modalities=("text",)).model_class("vision") is None
     assert replace(METHODS["reward"], modalities=("text", "vision")).model_class("vision") is None  # no such class
 
@@ -80,3 +80,28 @@ def test_a_method_entry_that_trains_images_loads_the_image_text_to_text_class(tm
     monkeypatch.setitem(METHODS, "sft", replace(METHODS["sft"], modalities=("text", "vision")))
     model = loading.load_model(_recipe(tmp_path, write_recipe, tiny_llava), seed=0)
     assert type(model).__name__ == "LlavaForConditionalGeneration"
+
+
+def test_model_modality_says_what_a_model_reads_and_is_checked_against_its_config(tmp_path, tiny_llava):
+    """``model.modality`` decides for a config that cannot be read (a hub model offline) and for a family that has
+    both classes (Gemma 3 trains on images only when asked); one its config contradicts is refused by its key."""
+    assert loading.model_modality(ModelSection(name="org/not-here", modality="vision")) == "vision"
+    assert loading.model_modality(ModelSection(name="org/not-here")) == "text"
+    gemma3 = tmp_path / "gemma3"
+    transformers.Gemma3Config().save_pretrained(gemma3)
+    assert loading.model_modality(ModelSection(name=str(gemma3))) == "text"
+    assert loading.model_modality(ModelSection(name=str(gemma3), modality="vision")) == "vision"
+    with pytest.raises(loading.ModelLoadError, match=r"model.modality: is vision, and the model's family \(llama\)"):
+        loading.model_modality(ModelSection(name=str(ASSETS), modality="vision"))
+    with pytest.raises(loading.ModelLoadError, match=r"model.modality: is text, .*\(llava\)"):
+        loading.model_modality(ModelSection(name=str(tiny_llava), modality="text"))
+
+
+def test_a_gguf_file_is_a_text_model_whatever_modality_says(tmp_path, write_recipe):
+    from ft.recipe.errors import RecipeError
+
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["model"] = {"name": str(tmp_path), "gguf_file": "m.gguf", "modality": "vision"}
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError, match=r"recipe.yaml:5: model.modality: is vision, and model.gguf_file holds a"):
+        load_recipe(path)

@@ -129,15 +129,37 @@ def modality_of(config) -> str:
 
 
 def model_modality(section: ModelSection) -> str:
-    """The modality of the model ``section`` names, from its config. A GGUF file holds a text decoder (transformers
-    reads no other from GGUF), and is not parsed for it; a config that cannot be read is taken as text, and the load
-    that follows says what is missing."""
+    """The modality of the model ``section`` names: ``model.modality`` where the recipe sets it (checked against the
+    config where that can be read: ``modality_problem``), else from its config. A GGUF file holds a text decoder
+    (transformers reads no other from GGUF), and is not parsed for it; a config that cannot be read is taken as
+    text, and the load that follows says what is missing."""
     if section.gguf_file:
-        return "text"
+        return section.modality or "text"
     try:
-        return modality_of(load_config(section))
+        config = load_config(section)
     except (OSError, ValueError, ImportError):
-        return "text"
+        return section.modality or "text"
+    problem = modality_problem(section.modality, config)
+    if problem:
+        raise ModelLoadError(f"model.modality: {problem}")
+    return section.modality or modality_of(config)
+
+
+def modality_problem(modality: str | None, config) -> str | None:
+    """Why a model of ``config`` cannot be trained as ``modality`` (None: it can): ``vision`` needs a family
+    transformers loads as image-text-to-text, ``text`` one it loads as a causal LM."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    kind = getattr(config, "model_type", None)
+    tables = {"vision": MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, "text": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
+    if modality is None or kind in tables[modality]:
+        return None
+    reads = "images and text" if modality == "vision" else "text alone"
+    return (f"is {modality}, and the model's family ({kind}) has no class in transformers that reads {reads}; "
+            f"remove model.modality to train it as what its config says ({modality_of(config)}).")
 
 
 TOKEN_KEYS = ("pad_token", "eos_token")  # train.* keys that name a token of the tokenizer (TRL's SFT, DPO, reward)
@@ -250,7 +272,8 @@ def load_weights(recipe: Recipe, seed: int, config, state_dict: dict):
     concrete class is taken from one built on the meta device (no memory, no weights drawn)."""
     import torch
 
-    section, auto = recipe.model, model_class(recipe, modality_of(config))
+    section = recipe.model
+    auto = model_class(recipe, section.modality or modality_of(config))
     config = copy.deepcopy(config)
     for key, value in _head_kwargs(recipe).items():
         setattr(config, key, value)

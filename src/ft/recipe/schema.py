@@ -19,7 +19,7 @@ from .base import Section, resolve_input_path
 from .data_section import DataSection
 from .distributed import DistributedSection, LaunchSection
 from .hooks import HooksMixin
-from .methods import DEFAULT_METHOD, METHODS, moved_to_method_section
+from .methods import DEFAULT_METHOD, METHODS, MODALITIES, moved_to_method_section
 from .optimization import OptimizerSection, SchedulerSection
 from .train_section import method_fields, train_section_model
 
@@ -58,6 +58,11 @@ class ModelSection(Section):
         None, description="A GGUF file (llama.cpp's format) to take the weights, config and tokenizer from, "
         "de-quantized to `dtype`: its name inside `name` (a local directory or a hub repository), as transformers' "
         "`gguf_file`. Needs the `gguf` package (`pip install 'ft[gguf]'`).")
+    modality: Literal[MODALITIES] | None = Field(
+        None, description="What the model reads: `text`, or `vision` (images and text, loaded as "
+        "AutoModelForImageTextToText with its processor). Unset: read from its config (vision for a family "
+        "transformers has no text-only class for). Set `vision` for a family that has both (Gemma 3, Qwen3.5, "
+        "Llama 4) to train it on images; docs/vision.md.")
     freeze: list[Literal["vision", "projector"]] | None = Field(
         None, description="A vision-language model's parts that do not train in a full fine-tune: `vision` (its "
         "vision tower), `projector` (what maps image features into the language model); docs/vision.md.")
