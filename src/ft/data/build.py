@@ -66,7 +66,7 @@ def prepare_data(recipe: Recipe, processing_class, template: str | None, say: Ca
     if recipe.data.streaming:
         return _streamed(recipe, tokenizer, template, say, world_size)
     if not METHODS[recipe.method].ft_tokenizes:
-        return _canonical_rows(recipe, say)
+        return _canonical_rows(recipe, say, images=seeing)
     if recipe.data.prepared_path is None:
         prepared = _tokenized(recipe, tokenizer, template, say, images)
         prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"
@@ -173,8 +173,8 @@ def _without_ft_columns(dataset):
     return dataset.remove_columns([c for c in dataset.column_names if c.startswith("__ft")])
 
 
-def _canonical_rows(recipe: Recipe, say) -> PreparedData:
-    train, evaluation, report = read_splits(recipe, say)
+def _canonical_rows(recipe: Recipe, say, images: bool = False) -> PreparedData:
+    train, evaluation, report = read_splits(recipe, say, images=images)
     train, sources = mixed(recipe, train, say=say)
     train = _without_ft_columns(train)
     evaluation = _without_ft_columns(evaluation) if evaluation is not None else None

@@ -20,7 +20,12 @@ Canonical layouts (what TRL's trainers read):
   ``<image>`` placeholders of the messages' text in order (LLaMA-Factory's layout);
 - ``text`` -> ``prompt`` and ``completion`` (a plain ``text`` field becomes prompt ``""``);
 - ``preference`` -> ``prompt``, ``chosen``, ``rejected``: all text or all lists of messages;
-- ``prompt`` -> ``prompt`` (text or messages) plus every other field of the row, for GRPO reward functions.
+- ``prompt`` -> ``prompt`` (text or messages) plus every other field of the row, for GRPO reward functions;
+- for a vision-language model the same two formats take images in their prompt, in the same two layouts as a chat
+  (content parts, or an ``images`` column filling the prompt's ``<image>`` placeholders): their messages become
+  lists of parts and ``images`` the prompt's checked paths, which TRL's trainers read into the prompt
+  (``with_images_read`` hands them over decoded, a row at a time). An image in an answer, or images with a prompt
+  given as text, make the row bad (``image_place``): TRL reads images in a conversational prompt only.
 
 ``fields`` (canonical name -> the source's name) renames columns and message keys; ``roles`` (the
 source's role -> canonical role) renames roles. A row that does not fit raises ``RowError``.
@@ -41,8 +46,8 @@ import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 
 from ..recipe import names as offered
-from ..recipe.data_section import DataSource
-from .images import ImageSource
+from ..recipe.data_section import DataSource, ImageSettings
+from .images import ImageChanged, ImageSource, load_image
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
 
 Row = dict
@@ -107,6 +112,7 @@ class Format(ABC):
     columns: ClassVar[tuple[str, ...]]  # the canonical columns it writes
     keeps_extra: ClassVar[bool] = False  # every other column of the source passes through (``prompt``)
     conversations: ClassVar[bool] = False  # its rows are always chats (``messages``), rendered with the chat template
+    holds_images: ClassVar[bool] = False  # read for a vision-language model, its rows keep their images (``images``)
 
     @abstractmethod
     def convert(self, row: Row, names: Names) -> Row:
@@ -121,6 +127,8 @@ class Format(ABC):
         if not self.keeps_extra:
             return list(self.columns)
         taken = {*self.columns, *(names(c) for c in self.columns), ROW}
+        if names.images is not None:  # the source's images become the checked ``images`` column
+            taken |= {"images", names("images")}
         return [*self.columns, *(c for c in source_columns if c not in taken)]
 
     @abstractmethod
@@ -162,6 +170,7 @@ class Conversation(Format):
 
     columns = ("messages",)
     conversations = True
+    holds_images = True
 
     def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[list, str] | None:
         messages = row["messages"]
@@ -181,10 +190,7 @@ class Chat(Conversation):
             return _seeing_chat(row, names, field)
         messages = _messages(value_of(row, field, list), names, field)
         _needs_assistant(messages, field)
-        if row.get(names("images")):  # LLaMA-Factory's layout: its images would be dropped without a word
-            raise RowError("image_content", f"the row lists images under `{names('images')}`: images need a "
-                           "vision-language model, and this run trains on text; drop the column or the row",
-                           names("images"))
+        _no_listed_images(row, names)
         return {"messages": messages}
 
     def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
@@ -257,17 +263,26 @@ class Text(Format):
 class Preference(Format):
     name = "preference"
     columns = ("prompt", "chosen", "rejected")
+    holds_images = True
+    ANSWERS: ClassVar[dict[str, str]] = {"chosen": "empty_chosen", "rejected": "empty_rejected"}  # -> empty reason
 
     def convert(self, row: Row, names: Names) -> Row:
-        out = {"prompt": _text_or_messages(row, names, "prompt", "empty_content"),
-               "chosen": _text_or_messages(row, names, "chosen", "empty_chosen"),
-               "rejected": _text_or_messages(row, names, "rejected", "empty_rejected")}
-        if len({isinstance(value, list) for value in out.values()}) > 1:
+        """The three texts or lists of messages (one kind for all three); read for a vision-language model, with the
+        prompt's images (``_seeing_prompted``)."""
+        if names.images is not None:
+            out = _seeing_prompted(row, names, self.ANSWERS)
+        else:
+            out = {"prompt": _text_or_messages(row, names, "prompt", "empty_content"),
+                   **{name: _text_or_messages(row, names, name, empty) for name, empty in self.ANSWERS.items()}}
+        texts = {name: out[name] for name in self.columns}
+        if len({isinstance(value, list) for value in texts.values()}) > 1:
             raise RowError("wrong_type", "prompt, chosen and rejected must be all text or all lists of messages, got "
-                           + ", ".join(f"{name}: {kind_of(value)}" for name, value in out.items()), names("prompt"))
+                           + ", ".join(f"{name}: {kind_of(value)}" for name, value in texts.items()), names("prompt"))
         if isinstance(out["chosen"], list):
             _needs_assistant(out["chosen"], names("chosen"))
             _needs_assistant(out["rejected"], names("rejected"))
+        if names.images is None:
+            _no_listed_images(row, names)
         return out
 
     def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
@@ -288,9 +303,15 @@ class Prompt(Format):
     name = "prompt"
     columns = ("prompt",)
     keeps_extra = True
+    holds_images = True
 
     def convert(self, row: Row, names: Names) -> Row:
-        """The prompt (text or messages) and every other field of the row, which reward functions receive."""
+        """The prompt (text or messages) and every other field of the row, which reward functions receive; read for a
+        vision-language model, with the prompt's images (``_seeing_prompted``) in place of the source's column."""
+        if names.images is not None:
+            extra = {name: value for name, value in row.items() if name not in (names("prompt"), names("images"), ROW)}
+            return {**extra, **_seeing_prompted(row, names, {})}
+        _no_listed_images(row, names)
         extra = {name: value for name, value in row.items() if name not in (names("prompt"), ROW)}
         return {**extra, "prompt": _text_or_messages(row, names, "prompt", "empty_content")}
 
@@ -319,12 +340,13 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     counted in ``report`` under ``key`` (``"skip"``); counts ``read_source`` filed under the source's
     path move to ``key``. Text-or-messages columns take the kind of the first good row.
 
-    ``images``: the model reads images (a vision-language model): a chat's contents become lists of parts and its
-    images a column of checked paths (``Names.images``), for every conversation format.
+    ``images``: the model reads images (a vision-language model): a chat's (or a prompt's) contents become lists of
+    parts and its images a column of checked paths (``Names.images``), for every format that holds images
+    (``Format.holds_images``).
     """
     report.rekey(source.path, key)
     fmt = FORMATS[source.format]
-    seeing = images and fmt.conversations
+    seeing = images and fmt.holds_images
     names = Names(source.fields, source.roles, ImageSource.of(source.path) if seeing else None)
     if ROW not in dataset.column_names:
         dataset = dataset.add_column(ROW, list(range(len(dataset))))
@@ -472,10 +494,55 @@ def _seeing_chat(row: Row, names: Names, field: str) -> Row:
     own path, or (LLaMA-Factory's layout) as an ``images`` column whose paths fill the ``<image>`` placeholders of
     the messages' text, in order; a row whose placeholders and paths differ in number is bad (``image_count``)."""
     value = value_of(row, field, list)
+    listed = _listed_images(row, names("images"))
+    messages, refs = _parts_messages(value, names, field, listed)
+    if listed is not None:
+        refs = _listed_refs(messages, listed, names)
+    _needs_assistant(messages, field)
+    return {"messages": messages, "images": refs}
+
+
+def _seeing_prompted(row: Row, names: Names, answers: Mapping[str, str]) -> Row:
+    """The prompt, the ``answers`` (canonical name -> the reason it is bad when empty: a preference row's ``chosen``
+    and ``rejected``, none for a prompt row) and ``images`` of a row read for a vision-language model. The prompt
+    takes its images as a chat does (content parts, or the ``images`` column's paths in its ``<image>`` placeholders,
+    each checked); lists of messages become lists of parts. TRL's DPO, KTO, GRPO and RLOO trainers put a row's images
+    into its prompt's messages alone, so an image in an answer, or images beside a prompt given as text (no chat
+    template renders it, so nothing writes the model's image token), make the row bad (``image_place``)."""
+    listed, column = _listed_images(row, names("images")), names("images")
+    field = names("prompt")
+    prompt = value_of(row, field, (str, list))
+    if not (prompt.strip() if isinstance(prompt, str) else prompt):
+        raise RowError("empty_content", "is empty", field)
+    refs: list[str] = []
+    if isinstance(prompt, list):
+        prompt, refs = _parts_messages(prompt, names, field, listed)
+        if listed is not None:
+            refs = _listed_refs(prompt, listed, names)
+    elif listed:
+        raise RowError("image_place", f"`{column}` lists images and the prompt is text; images go in a prompt given "
+                       "as a list of messages (the chat template writes the model's image token where each one goes):"
+                       f" write it as [{{role: user, content: ...}}] with an {names.images.placeholder} placeholder "
+                       "per image", column)
+    out = {"prompt": prompt}
+    for name, empty_reason in answers.items():
+        answer = names(name)
+        value = value_of(row, answer, (str, list))
+        if not (value.strip() if isinstance(value, str) else value):
+            raise RowError(empty_reason, "is empty", answer)
+        out[name] = value if isinstance(value, str) else _parts_messages(value, names, answer, listed, answer=True)[0]
+    return {**out, "images": refs}
+
+
+def _parts_messages(value: list, names: Names, field: str, listed: list[str] | None,
+                    answer: bool = False) -> tuple[list[dict], list[str]]:
+    """(the messages of ``field``, each content a list of text and image parts; the paths of their image parts, each
+    checked as it is met). ``listed``: the row's ``images`` column, whose images fill the ``<image>`` placeholders of
+    the text instead, so an image part is refused (``image_count``). ``answer``: the messages are a preference row's
+    answer, which holds no image (``image_place``)."""
     if not value:
         raise RowError("empty_chat", "has no messages", field)
     source, content_key, column = names.images, names("content"), names("images")
-    listed = _listed_images(row, column)
     messages, refs = [], []
     for i, message in enumerate(value):
         where = f"{field}[{i}]"
@@ -487,6 +554,8 @@ def _seeing_chat(row: Row, names: Names, field: str) -> Row:
                 at = f"{where}.{content_key}[{j}]"
                 text = _part(part, at)
                 if text is None:
+                    if answer:
+                        raise RowError("image_place", _IN_ANSWER, at)
                     if listed is not None:
                         raise RowError("image_count", f"an image part in a row that also has an `{column}` list; give "
                                        "a row's images one way: as parts, or as the list with placeholders", at)
@@ -497,20 +566,38 @@ def _seeing_chat(row: Row, names: Names, field: str) -> Row:
         else:
             text = value_of(message, content_key, str, f"{where}.{content_key}")
             parts = _placed(text, source.placeholder) if listed is not None else [_text_part(text)]
+        if answer and any(p["type"] == "image" for p in parts):  # a placeholder in an answer's text
+            raise RowError("image_place", _IN_ANSWER, f"{where}.{content_key}")
         if role != "system" and not any(p["type"] == "image" or p["text"].strip() for p in parts):
             raise RowError("empty_content", "is empty", f"{where}.{content_key}")
         messages.append({"role": role, "content": parts})
-    if listed is not None:
-        placeholders = sum(p["type"] == "image" for m in messages for p in m["content"])
-        if placeholders != len(listed):
-            raise RowError("image_count", f"the messages hold {placeholders} {source.placeholder} placeholder"
-                           f"{'' if placeholders == 1 else 's'} and `{column}` lists {len(listed)} image"
-                           f"{'' if len(listed) == 1 else 's'}; each image needs one placeholder where it goes in the "
-                           "text, in the order of the list", column)
-        refs = [source.check(ref, f"{column}[{k}]") for k, ref in enumerate(listed)]
-    if not any(m["role"] == "assistant" for m in messages):
-        raise RowError("no_assistant_turn", "has no assistant message to learn from", field)
-    return {"messages": messages, "images": refs}
+    return messages, refs
+
+
+_IN_ANSWER = ("an image in an answer: TRL's preference trainers read a row's images into its prompt only; move it to "
+              "the prompt")
+
+
+def _listed_refs(messages: list[dict], listed: list[str], names: Names) -> list[str]:
+    """The paths of the ``images`` column, checked, once the messages are seen to hold one placeholder for each
+    (``image_count`` otherwise)."""
+    column, placeholder = names("images"), names.images.placeholder
+    placeholders = sum(p["type"] == "image" for m in messages for p in m["content"])
+    if placeholders != len(listed):
+        raise RowError("image_count", f"the messages hold {placeholders} {placeholder} placeholder"
+                       f"{'' if placeholders == 1 else 's'} and `{column}` lists {len(listed)} image"
+                       f"{'' if len(listed) == 1 else 's'}; each image needs one placeholder where it goes in the "
+                       "text, in the order of the list", column)
+    return [names.images.check(ref, f"{column}[{k}]") for k, ref in enumerate(listed)]
+
+
+def _no_listed_images(row: Row, names: Names) -> None:
+    """A row read for a text model that lists images (LLaMA-Factory's ``images`` column) is bad (``image_content``):
+    its images would be dropped without a word."""
+    if row.get(names("images")):
+        raise RowError("image_content", f"the row lists images under `{names('images')}`: images need a "
+                       "vision-language model, and this run trains on text; drop the column or the row",
+                       names("images"))
 
 
 def _listed_images(row: Row, column: str) -> list[str] | None:
@@ -579,6 +666,55 @@ def as_parts(row: Row) -> Row:
             "images": []}
 
 
+def with_images_read(dataset, sizing: ImageSettings | None):
+    """``dataset`` (canonical rows of a vision-language model, or None) as TRL's DPO, KTO, GRPO and RLOO trainers
+    read it: each row's ``images`` the decoded images (``ImagesRead``), not their paths. The rows stay as stored
+    (paths), and a row's images are read when the trainer takes the row, so memory holds a batch's images whatever
+    the dataset's size, as ``ImageBatches`` does for SFT. Rows without an ``images`` column are returned as they are."""
+    if dataset is None or "images" not in dataset.column_names:
+        return dataset
+    return dataset.with_transform(ImagesRead(sizing))
+
+
+def check_every_prompt_sees(dataset, split: str, trainer: str) -> None:
+    """Refuse (DataError, naming ``data.<split>``) prompt rows of which some hold images and others none: TRL's
+    generating trainers (``trainer``: GRPOTrainer, RLOOTrainer; TRL 1.16) hand the processor ``None`` for a prompt
+    without images in a batch that has some, and fail building its pixel values. A dataset of text prompts alone, or
+    of prompts that each hold an image, trains. Counted in Arrow, without reading a row in Python."""
+    if dataset is None or "images" not in dataset.column_names:
+        return
+    counts = pc.list_value_length(dataset.with_format("arrow")["images"])
+    without, total = int(pc.sum(pc.equal(counts, 0)).as_py() or 0), len(dataset)
+    if 0 < without < total:
+        raise DataError(f"data.{split}: {without} of the {total} prompts hold no image and the others hold images; "
+                        f"TRL's {trainer} cannot batch the two kinds together (it fails building the pixel values of "
+                        "a batch where a prompt has no image). Give every prompt its image, or train on the prompts "
+                        "with images and those without in separate runs.")
+
+
+@dataclass(frozen=True)
+class ImagesRead:
+    """A ``datasets`` transform (``Dataset.with_transform``): the ``images`` of the rows taken (paths, URLs or data:
+    URIs, as the rows were checked with) replaced by the images, decoded, upright, RGB and sized as ``data.image``
+    says (``load_image``), the way TRL's vision collators and GRPO's generation take them (PIL images). A class, not
+    a closure, so that a dataset handed to DataLoader workers pickles."""
+
+    sizing: ImageSettings | None
+
+    def __call__(self, batch: dict) -> dict:
+        if "images" in batch:
+            batch["images"] = [[self._read(ref) for ref in refs or ()] for refs in batch["images"]]
+        return batch
+
+    def _read(self, ref: str):
+        try:
+            return load_image(ref, self.sizing)
+        except Exception as exc:  # a file deleted or damaged since the rows were read and checked
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ImageChanged(f"the image {ref[:60]!r} of a training row cannot be read any more ({detail}); it "
+                               "could when the data was read. Put it back, or remove its row from the data.") from None
+
+
 def _parts_text(parts: list, where: str) -> str:
     """The text of a content given as parts: its text parts' texts, joined with nothing between (as chat templates
     that take parts write them). Any other part makes the row bad, named ``messages[i].content[j]``."""
@@ -615,4 +751,11 @@ def _content(value) -> str:
     if isinstance(value, str):
         return value
     messages = [value] if isinstance(value, dict) else value
-    return "".join(m.get("content") or "" for m in messages if m.get("role", "assistant") == "assistant")
+    return "".join(_text(m.get("content")) for m in messages if m.get("role", "assistant") == "assistant")
+
+
+def _text(content) -> str:
+    """A message's text: its string, or its text parts joined (a vision-language model's chat holds parts)."""
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content if part.get("type") == "text")
+    return content or ""

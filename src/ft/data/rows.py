@@ -34,6 +34,8 @@ REASONS = {
     "image_missing": "an image a row names does not exist (a path is read relative to the data file's folder)",
     "image_unreadable": "an image a row names cannot be read or decoded (damaged, or not an image)",
     "image_count": "a row's `<image>` placeholders and its `images` list disagree in number",
+    "image_place": "a preference or prompt row has an image where TRL reads none: in an answer, or beside a prompt "
+                   "given as text (images go in a prompt given as messages)",
 }
 FIX = "Fix these rows, map the fields with `fields:`/`roles:`, or set `data.on_bad_row: skip`."
 

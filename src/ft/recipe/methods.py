@@ -23,7 +23,7 @@ the rules, the preflight, ``--smoke`` and the trainers read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, PositiveInt, StrictStr, field_validator, model_validator
@@ -378,6 +378,9 @@ class Method:
     axolotl: tuple[str, ...] = ()  # Axolotl's ``rl:`` values that train this method
     scores: bool = False  # trains a model that scores a sequence (one number: a reward model) instead of writing text
     modalities: tuple[str, ...] = ("text",)  # the modalities (``MODALITIES``) of the models it trains
+    # modality -> why it trains no such model (what TRL or transformers lacks), for each modality it does not train:
+    # the modality rule that refuses such a model says it
+    cannot_train: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def output(self) -> str:
@@ -401,6 +404,11 @@ class Method:
         return self.section is not None and self.section.GENERATES
 
 
+# TRL 1.16's DPO and KTO trainers read a dataset with an ``images`` column through their vision collators
+# (``DataCollatorForVisionPreference``, ``DataCollatorForVisionUnpairedPreference``: each batch's images processed as
+# it comes), and its GRPO and RLOO trainers put a row's images into its prompt for generation and the loss; ORPO (in
+# ``trl.experimental``) and the reward trainer tokenize text only
+_VISION_TRAINED = ("text", "vision")
 _ACCURACY = Headline("reward_accuracy", "rewards/accuracies", "acc")
 _MARGIN = Headline("reward_margin", "rewards/margins", "margin")
 DEFAULT_METHOD = "sft"
@@ -409,19 +417,25 @@ METHODS: dict[str, Method] = {
                   headlines=(Headline("token_accuracy", "mean_token_accuracy", "acc"), Headline("loss", "loss")),
                   reads=frozenset(ONLY_SOME), fused_lm_head=True, modalities=("text", "vision")),
     "dpo": Method(DpoSection, ("preference",), "trl:DPOConfig", ft_tokenizes=False, headlines=(_ACCURACY, _MARGIN),
-                  sequences_per_row=2, reference_copy=True, axolotl=("dpo", "ipo")),
+                  sequences_per_row=2, reference_copy=True, axolotl=("dpo", "ipo"), modalities=_VISION_TRAINED),
     "grpo": Method(GrpoSection, ("prompt",), "trl:GRPOConfig", ft_tokenizes=False,
-                   headlines=(Headline("reward", "reward", "reward"),), axolotl=("grpo", "gdpo")),
+                   headlines=(Headline("reward", "reward", "reward"),), axolotl=("grpo", "gdpo"),
+                   modalities=_VISION_TRAINED),
     "kto": Method(KtoSection, ("preference",), "trl:KTOConfig", ft_tokenizes=False, headlines=(_MARGIN,),
-                  reference_copy=True, axolotl=("kto",)),
+                  reference_copy=True, axolotl=("kto",), modalities=_VISION_TRAINED),
     "orpo": Method(OrpoSection, ("preference",), "trl.experimental.orpo:ORPOConfig", ft_tokenizes=False,
-                   headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",)),
+                   headlines=(_ACCURACY, _MARGIN), sequences_per_row=2, axolotl=("orpo",),
+                   cannot_train={"vision": "TRL's ORPOTrainer (trl.experimental.orpo, TRL 1.16) tokenizes text "
+                                           "alone: it has no collator for images and reads no `images` column"}),
     "rloo": Method(RlooSection, ("prompt",), "trl:RLOOConfig", ft_tokenizes=False,
-                   headlines=(Headline("reward", "reward", "reward"),)),
+                   headlines=(Headline("reward", "reward", "reward"),), modalities=_VISION_TRAINED),
     "reward": Method(None, ("preference",), "trl:RewardConfig", ft_tokenizes=False,
                      headlines=(Headline("pair_accuracy", "accuracy", "acc"), Headline("reward_margin", "margin",
                                                                                         "margin")),
-                     sequences_per_row=2, scores=True),
+                     sequences_per_row=2, scores=True,
+                     cannot_train={"vision": "TRL's RewardTrainer tokenizes text alone, and transformers has no "
+                                             "sequence-classification class (one score) for an image-text-to-text "
+                                             "model"}),
 }
 METHOD_SECTIONS: dict[str, type[MethodSection]] = {name: m.section for name, m in METHODS.items() if m.section}
 

@@ -18,7 +18,7 @@ from .data_section import SplitRatio
 from .distributed import deepspeed_config_file
 from .errors import Problem, did_you_mean
 from .hub import HUB_SETTINGS, PUSHING
-from .methods import METHOD_SECTIONS, METHODS, generation_of, readers
+from .methods import METHOD_SECTIONS, METHODS, generation_of, models_of, readers
 from .optimizers import FALSE_READ_AS_TRUE, PASSED_ON_AS_TEXT, TRAITS, traits
 from .processes import (
     Processes,
@@ -334,6 +334,16 @@ def quantization_needs_adapter(recipe: Recipe) -> list[Problem]:
 
 
 @rule
+def gguf_holds_a_text_model(recipe: Recipe) -> list[Problem]:
+    """transformers reads a text decoder from a GGUF file and nothing else (no vision tower, no processor)."""
+    if recipe.model.gguf_file and recipe.model.modality == "vision":
+        return error("model.modality", "is vision, and model.gguf_file holds a text model (transformers reads no "
+                     "vision tower or processor from GGUF); name the model's transformers folder or hub id instead "
+                     "of a GGUF file, or remove model.modality.")
+    return []
+
+
+@rule
 def gguf_holds_pretrained_weights(recipe: Recipe) -> list[Problem]:
     """A GGUF file is a model's weights: building the model from its config alone (``init: random``) would read
     none of them."""
@@ -438,13 +448,65 @@ def packing_is_sft_only(recipe: Recipe) -> list[Problem]:
 @modality_rule
 def method_trains_the_modality(recipe: Recipe, modality: str) -> list[Problem]:
     """A method trains the models its entry declares (``Method.modalities``): a vision-language model named for
-    another is refused before its data is read, where its rows' images would otherwise be called bad rows."""
-    if modality in METHODS[recipe.method].modalities:
+    another is refused before its data is read, where its rows' images would otherwise be called bad rows. The
+    message says why the method does not (``Method.cannot_train``: what TRL or transformers lacks)."""
+    method = METHODS[recipe.method]
+    if modality in method.modalities:
         return []
-    trains = [name for name, method in METHODS.items() if modality in method.modalities]
+    trains = [name for name, other in METHODS.items() if modality in other.modalities]
+    why = method.cannot_train.get(modality)
     return error("model.name", f"is a {modality} model (transformers has no text-only class for it), and method "
-                 f"`{recipe.method}` trains {' or '.join(METHODS[recipe.method].modalities)} models; name a text model"
+                 f"`{recipe.method}` trains {' or '.join(method.modalities)} models"
+                 + (f" ({why})" if why else "") + "; name a text model"
                  + (f", or use method `{'` or `'.join(trains)}`." if trains else "."))
+
+
+@modality_rule
+def vision_extra_models_read_images(recipe: Recipe, modality: str) -> list[Problem]:
+    """The models a method loads besides the policy (``models_of``: a DPO reference, GRPO/RLOO reward models) are
+    loaded as text models (``ExtraModel.auto_class``: a causal LM, a sequence classifier), and read text alone: a
+    reference for a vision-language policy must read the images its policy reads (its log-probabilities are of the
+    same prompts, images included), and a reward model would be handed the prompts' image parts with no images."""
+    if modality != "vision":
+        return []
+    problems = []
+    for extra in models_of(recipe):
+        if extra.role == "reference":
+            problems += error(extra.key, f"names {extra.what}, which ft loads as a text model "
+                              f"({extra.auto_class}), and model.name is a vision-language model: the reference's "
+                              "log-probabilities must be of the same prompts, images included. Remove it: the "
+                              "reference is then a frozen copy of the start model (or, with an adapter, the base "
+                              "with the adapter off), which reads the images.")
+        else:
+            problems += error(extra.key, f"names {extra.what} ({extra.auto_class}), which reads text alone, and the "
+                              "prompts of this vision-language run hold images it would not see; score the "
+                              "completions with a reward function instead (`fn: module:function`, which receives "
+                              "each row's `images`).")
+    return problems
+
+
+@modality_rule
+def vision_rows_are_tokenized_a_batch_at_a_time(recipe: Recipe, modality: str) -> list[Problem]:
+    """TRL's DPO and KTO trainers tokenize a dataset with images a batch at a time, in their vision collators, and
+    refuse what needs the rows tokenized before training or cut from the end (TRL 1.16): ``precompute_ref_log_probs``
+    ("not supported for vision datasets"), ``truncation_mode='keep_end'`` ("Image tokens reside inside the prompt
+    portion of the sequence; … keep_end may silently drop them"), ``pad_to_multiple_of`` ("not yet implemented for
+    vision-language modeling"). Refused here, before the model loads, where TRL raises inside the trainer."""
+    if modality != "vision" or METHODS[recipe.method].ft_tokenizes:
+        return []
+    args, problems = recipe.train_args, []
+    if args.get("precompute_ref_log_probs"):
+        problems += error("train.precompute_ref_log_probs", "TRL tokenizes a vision-language model's rows a batch at a "
+                          "time (their images processed as each batch comes), so it cannot run the reference over "
+                          "the whole dataset first; remove it (the reference then runs beside the policy).")
+    if args.get("truncation_mode") == "keep_end":
+        problems += error("train.truncation_mode", "`keep_end` cuts a row from its start, where a prompt's images "
+                          "and their tokens are, and TRL refuses it for images; remove it (keep_start, the default, "
+                          "cuts the answers' ends) or raise data.max_length.")
+    if args.get("pad_to_multiple_of") not in (None, "auto"):
+        problems += error("train.pad_to_multiple_of", "TRL's collators for rows with images do not pad to a "
+                          "multiple yet (they raise NotImplementedError); remove it.")
+    return problems
 
 
 @modality_rule
@@ -485,7 +547,7 @@ def vision_rows_are_not_packed(recipe: Recipe, modality: str) -> list[Problem]:
 @modality_rule
 def vision_rows_are_read_whole(recipe: Recipe, modality: str) -> list[Problem]:
     """ft prepares a vision-language model's rows before training (each image's token count from the processor);
-    streaming them and exact match on image rows are not built yet, and are refused rather than run without images."""
+    streaming them is not built yet, and is refused rather than run without images."""
     if modality != "vision":
         return []
     problems = []
@@ -493,10 +555,6 @@ def vision_rows_are_read_whole(recipe: Recipe, modality: str) -> list[Problem]:
         problems += error("data.streaming", "a vision-language model's rows are prepared before training (each "
                           "image's tokens counted by the model's processor); streaming them is not supported yet. "
                           "Remove data.streaming (use `fraction` to train on a share of a large dataset).")
-    if recipe.data.eval_exact_match is not None:
-        problems += error("data.eval_exact_match", "exact match generates from text prompts, and a vision-language "
-                          "model's prompts hold images, which it does not pass yet; remove it (evaluation loss on "
-                          "data.eval still runs).")
     return problems
 
 
