@@ -12,7 +12,13 @@ Gradients are held through the forward and backward only with gradient accumulat
 after each step. Beside the policy, the frozen models the method holds: a reference (a copy of the start model, or the
 one its section declares, at the policy's shape), and each other causal LM its section declares
 (``MethodSection.models``: a teacher), at its own shape read from its own config, in its own dtype. A reward model's
-memory is not counted, as the generation it scores is not. What no formula here knows (allocator fragmentation, the CUDA
+memory is not counted, as the generation it scores is not.
+
+A vision-language model adds its vision tower and projector (``ft.plan.vision``): their weights; gradients and
+optimizer state for what of them trains (not the parts ``model.freeze`` names; with LoRA, only adapters on the parts
+its targets reach, the language model alone by default); and, when gradients reach them, the activations they save
+for the batch's images (``vision_activations``). The language model's sequence is ``data.max_length`` tokens as for
+text, image tokens included (ft counts them in it). What no formula here knows (allocator fragmentation, the CUDA
 context, library workspaces, FSDP/DeepSpeed sharding) is left out and said so. The constants the model counts with live
 here, and the code whose memory they describe reads them from here (``ENTROPY_CHUNK``: ``ft.trainers.token_metrics``).
 """
@@ -28,6 +34,7 @@ from ..recipe import Recipe
 from ..recipe.methods import METHODS, ExtraModel, models_of
 from ..recipe.optimizers import traits
 from .shape import DTYPE_BYTES, Linear, PlanError, Shape, read_shape
+from .vision import ImageLoad, config_load, lora_parts, part_path
 
 ENTROPY_CHUNK = 2**25  # float32 values per chunk of the token metrics' entropy: three such chunks are counted here
 TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.kernels.chunked_logprob)
@@ -73,6 +80,8 @@ class Setup:
     metrics_on_logits: bool  # ft's CPU SFT path also measures entropy and accuracy on those logits
     reference: bool  # a frozen copy of the weights (DPO/KTO full fine-tuning, or the reference the section declares)
     frozen: tuple[Frozen, ...] = ()  # the other frozen models the method's section declares (a teacher)
+    freeze: tuple[str, ...] = ()  # model.freeze: a vision-language model's parts that do not train
+    images: ImageLoad | None = None  # a vision-language model's images per row (ft.plan.vision.image_load)
 
     @property
     def sequences(self) -> int:
@@ -136,11 +145,14 @@ def _frozen(recipe: Recipe, extra: ExtraModel) -> Frozen:
     return Frozen(extra.key, extra.role, shape, extra.dtype or shape.dtype or "float32")
 
 
-def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1) -> Setup:
+def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1,
+              images: ImageLoad | None = None) -> Setup:
     """ft's view of the recipe on ``gpus`` devices of kind ``device``: the recipe's keys, then ft's defaults for
     the device (``ft.machine.hardware.device_defaults``: bf16 and activation checkpointing on CUDA, neither on a
     CPU), then TRL's. The reference is held when the section declares one (``ft.trainers.reference`` loads it
-    whatever the adapter), else as the method's copy of the start model (full fine-tuning, not precomputed)."""
+    whatever the adapter), else as the method's copy of the start model (full fine-tuning, not precomputed).
+    A vision-language model's ``images`` (``ft.plan.vision.image_load``, which reads the data) are, when not given,
+    the config's count for one image a row (``config_load``: no files read, for ``ft train``'s checks)."""
     hw = Hardware(cuda=device == "cuda", bf16=True, devices=gpus, name=device)
     train = {**device_defaults(recipe, hw), **recipe.train_args}
     checkpointing = train.get("activation_checkpointing")
@@ -157,6 +169,8 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1)
         targets = adapter.target_modules if isinstance(adapter.target_modules, str) else tuple(adapter.target_modules)
         lora = Adapter(adapter.r, targets, adapter.dropout, adapter.use_dora, tuple(adapter.modules_to_save or ()))
     method = METHODS[recipe.method]
+    if shape.vision is not None and images is None:
+        images = config_load(recipe, shape.vision)
     fused_loss = (method.fused_lm_head and recipe.loss is None and not train.get("label_smoothing_factor")
                   and train.get("loss_type", "nll") == "nll")
     return Setup(
@@ -170,7 +184,7 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1)
         metrics_on_logits=device == "cpu" and fused_loss,
         reference=any(extra.role == "reference" for extra in models_of(recipe)) or (
             method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs")),
-        frozen=frozen_models(recipe))
+        frozen=frozen_models(recipe), freeze=tuple(model.freeze or ()), images=images)
 
 
 # --- parameters ---------------------------------------------------------------------------------------------------
@@ -183,7 +197,8 @@ class Param:
     cols: int  # 1 for vectors
     bytes: float  # per value, as stored
     trainable: bool
-    kind: str  # embedding | linear | head | vector | adapter
+    kind: str  # embedding | linear | head | vector | adapter; a vision tower's conv | matrix (ft.plan.vision.Weight)
+    part: str = "language"  # a vision-language model's: language, vision (its tower) or projector
 
     @property
     def numel(self) -> int:
@@ -218,30 +233,48 @@ def _quantized_bytes(s: Setup, fan_in: int) -> float:
     return 0.5 + (1 / 64 + 4 / (64 * 256) if s.double_quant else 4 / 64)
 
 
+def adapted(shape: Shape, adapter: Adapter) -> list[Linear]:
+    """The linears a new LoRA adapter goes on: the language model's its targets match, and a vision-language model's
+    tower and projector linears only in the parts its targets reach (``ft.plan.vision.lora_parts``, as
+    ``ft.model.adapters.fit_lora_targets`` excludes the others)."""
+    candidates = shape.linears()
+    if shape.vision is not None:
+        reaches = lora_parts(adapter.targets)
+        candidates += [lin for lin in shape.vision.linears()
+                       if reaches(lin.part, part_path(shape.vision, lin.part))]
+    return [lin for lin in candidates if lora_targets(adapter, lin.name)]
+
+
 def parameters(shape: Shape, s: Setup) -> list[Param]:
+    """Every parameter of the policy as loaded for training: the language model's from its shape, a vision-language
+    model's tower and projector tensors (trained in full fine-tuning unless ``model.freeze`` names their part), and a
+    LoRA adapter's (float32) with what ``modules_to_save`` copies."""
     full, base = s.adapter is None, s.param_bytes
-    h, v = shape.hidden, shape.vocab
-    params = [Param("model.embed_tokens", v, h, base, full, "embedding")]
+    h, v, lm = shape.hidden, shape.vocab, shape.decoder
+    params = [Param(f"{lm}.embed_tokens", v, h, base, full, "embedding")]
     for i in range(shape.layers):
         for lin in shape.layer_linears(i):
             params.append(Param(lin.name, lin.fan_out, lin.fan_in, _quantized_bytes(s, lin.fan_in) if s.bits else base,
                                 full, "linear"))
-        params.append(Param(f"model.layers.{i}", 2 * h + shape.biases, 1, base, full, "vector"))
-    params.append(Param("model.norm", h, 1, base, full, "vector"))
+        params.append(Param(f"{lm}.layers.{i}", 2 * h + shape.biases, 1, base, full, "vector"))
+    params.append(Param(f"{lm}.norm", h, 1, base, full, "vector"))
+    if shape.vision is not None:  # bitsandbytes quantizes the tower's and projector's linears as the decoder's
+        params += [Param(w.module, w.rows, w.cols, _quantized_bytes(s, w.cols) if s.bits and w.kind == "linear"
+                         else base, full and w.part not in s.freeze, w.kind, w.part) for w in shape.vision.weights()]
     if s.scores:  # a new score head in place of the LM head; trained under LoRA too (PEFT's SEQ_CLS task)
         params.append(Param("score", 1, h, base, True, "head"))
     elif not shape.tied:
         params.append(Param("lm_head", v, h, base, full, "head"))  # bitsandbytes leaves the output head alone
     if s.adapter:  # adapters train in float32 (PEFT upcasts them on a half-precision base)
         a = s.adapter
-        for lin in shape.linears():
-            if lora_targets(a, lin.name):
-                params += [Param(lin.name + ".lora_A", a.r, lin.fan_in, 4, True, "adapter"),
-                           Param(lin.name + ".lora_B", lin.fan_out, a.r, 4, True, "adapter")]
-                if a.dora:
-                    params.append(Param(lin.name + ".magnitude", lin.fan_out, 1, 4, True, "adapter"))
+        for lin in adapted(shape, a):
+            params += [Param(lin.name + ".lora_A", a.r, lin.fan_in, 4, True, "adapter", lin.part),
+                       Param(lin.name + ".lora_B", lin.fan_out, a.r, 4, True, "adapter", lin.part)]
+            if a.dora:
+                params.append(Param(lin.name + ".magnitude", lin.fan_out, 1, 4, True, "adapter", lin.part))
         for p in list(params):  # modules_to_save: a trained copy beside the frozen original
-            if p.kind in ("embedding", "head") and any(p.module.endswith(m) for m in a.modules_to_save):
+            if p.kind in ("embedding", "head") and p.part == "language" and any(p.module.endswith(m) for m in
+                                                                                  a.modules_to_save):
                 params.append(replace(p, module=p.module + ".copy", trainable=True))
     return params
 
@@ -384,11 +417,73 @@ def layer_bytes(shape: Shape, s: Setup, i: int) -> float:
         kv = q if s.attention == "sdpa" and not s.packing else shape.kv
         total += c * (2 * q + 2 * kv) + 4 * shape.heads
     total += 3 * s.mlp_bytes * inter  # gate, act(gate), up
-    linears = shape.layer_linears(i)
-    for reads, width, in_bytes, presaved in (("attn_in", h, norm, False), ("attn_out", q, c, s.attention != "eager"),
-                                             ("mlp_in", h, norm, False), ("mlp_mid", inter, s.mlp_bytes, False)):
-        total += _saved_inputs(s, [lin for lin in linears if lin.reads == reads], width, in_bytes, presaved)
-    return total
+    return total + _linear_inputs(s, shape.layer_linears(i), h, q, inter)
+
+
+def _linear_inputs(s: Setup, linears: list[Linear], h: int, q: int, inter: int) -> float:
+    """What a layer's linears save of their inputs, per token, by the tensor each reads (``_saved_inputs``)."""
+    norm, c = s.param_bytes, s.compute
+    return sum(_saved_inputs(s, [lin for lin in linears if lin.reads == reads], width, in_bytes, presaved)
+               for reads, width, in_bytes, presaved in (
+                   ("attn_in", h, norm, False), ("attn_out", q, c, s.attention != "eager"), ("mlp_in", h, norm, False),
+                   ("mlp_mid", inter, s.mlp_bytes, False)))
+
+
+ACT_SAVES = {"quick_gelu": 2}  # fc1-sized tensors a tower MLP's activation keeps: x and sigmoid(1.702x); GELU its input
+
+
+def vision_layer_bytes(shape: Shape, s: Setup, i: int, sequence: int) -> float:
+    """Bytes tower layer ``i`` of a vision-language model saves for backward per tower token, when gradients reach
+    the tower: the decoder layer's terms (``layer_bytes``) with the tower's own norms and MLP. A LayerNorm keeps its
+    input and a float32 mean and 1/std per token (an RMSNorm as the decoder's); attention as the decoder's, with
+    ``sequence`` tokens per image or tile for eager attention's probabilities; an fc1/fc2 MLP keeps its activation's
+    input (CLIP's quick_gelu also its sigmoid), a gated one gate, act(gate) and up; each linear's input as
+    ``_saved_inputs`` says. Exact for a CLIP or SigLIP layer in float32 (``tests/test_plan_vision.py`` counts what torch
+    saves)."""
+    v = shape.vision
+    d, q, inter, c, norm = v.hidden, v.q, v.intermediate, s.compute, s.param_bytes
+    if v.norm == "rms":
+        total = 2 * (4 * d + 4) + (2 * norm * d if s.adapter is None else 0)
+    else:
+        total = 2 * (norm * d + 8)
+    if s.attention == "eager":
+        total += 3 * c * q + v.heads * sequence * (4 if c == 4 else 4 + c)
+    else:
+        total += 4 * c * q + 4 * v.heads
+    total += (3 if v.gated else ACT_SAVES.get(v.act, 1)) * s.mlp_bytes * inter
+    return total + _linear_inputs(s, v.layer_linears(i), d, q, inter)
+
+
+def grad_parts(params: list[Param]) -> set[str]:
+    """The parts of a vision-language model that gradients reach in backward: a part with a trainable parameter, and
+    the projector when the tower behind it trains. A part they do not reach runs forward without saving anything."""
+    parts = {p.part for p in params if p.trainable}
+    return parts | ({"projector"} if "vision" in parts else set())
+
+
+def vision_activations(shape: Shape, s: Setup, params: list[Param]) -> tuple[float, float]:
+    """(held from forward to backward, one tower layer's for the batch) for a vision-language model's images: each
+    sequence of the batch (two a row for DPO's chosen and rejected) brings ``ImageLoad.row_patches`` tower tokens (the
+    worst row's, as every sequence is taken full). When gradients reach the tower, each layer saves
+    ``vision_layer_bytes`` a token (checkpointed: its input only, and one layer is recomputed in backward); when they
+    reach the projector, each of its matrices keeps its input and each activation between two of them its input, per
+    language-model image token. The tower's patch embedding and outer norms, and a frozen tower's passing forward
+    working set (freed before the language model runs), are left out."""
+    v, load = shape.vision, s.images
+    if v is None or load is None:
+        return 0.0, 0.0
+    reached, seqs = grad_parts(params), s.batch * s.sequences
+    saved = layer = 0.0
+    if "vision" in reached:
+        tokens = seqs * load.row_patches
+        sequence = v.encoder_tokens(v.grid) if v.grid else load.patches_per_image
+        layers = [vision_layer_bytes(shape, s, i, sequence) * tokens for i in range(v.layers)]
+        saved, layer = (v.layers * s.param_bytes * v.hidden * tokens if s.checkpointing else sum(layers)), max(layers)
+    if "projector" in reached:
+        matrices = [w for w in v.projector if w.kind in ("linear", "matrix")]
+        per_token = s.compute * (sum(w.cols for w in matrices) + sum(w.rows for w in matrices[:-1]))
+        saved += per_token * seqs * min(load.row_tokens, s.max_length)
+    return saved, layer
 
 
 @dataclass(frozen=True)
@@ -396,6 +491,7 @@ class Activations:
     saved: float  # held from the forward to the backward
     layer: float  # one layer's saved activations (a checkpointed layer's recomputation; a layer's gradient buffers)
     autocast_copies: float  # half-precision copies of float32 weights that autocast saves for backward
+    vision: float = 0.0  # a vision-language model's tower and projector, held from the forward to the backward
 
 
 def activations(shape: Shape, s: Setup, params: list[Param]) -> Activations:
@@ -404,7 +500,7 @@ def activations(shape: Shape, s: Setup, params: list[Param]) -> Activations:
     layers = [layer_bytes(shape, s, i) * tokens for i in range(shape.layers)]
     h, norm, c = shape.hidden, s.param_bytes, s.compute
     final = 4 * h + 4 + (norm * h if s.adapter is None else 0)  # the final norm, like a layer's
-    head_trained = any(p.trainable and p.kind in ("head", "embedding") for p in params)
+    head_trained = any(p.trainable and p.kind in ("head", "embedding") and p.part == "language" for p in params)
     if not s.full_logits:
         final += norm * h  # TRL's fused head keeps its own copy of the hidden states
     elif head_trained:
@@ -413,10 +509,12 @@ def activations(shape: Shape, s: Setup, params: list[Param]) -> Activations:
                                                                                              else 1)
     saved = (shape.layers * norm * h * tokens if s.checkpointing else sum(layers)) + final * tokens + mask
     copies = 0.0
+    reached = grad_parts(params) | {"language"}
     if s.mixed and norm == 4:  # autocast keeps a half-precision copy of every float32 matmul weight until backward
         copies = 2 * sum(p.numel for p in params if p.cols > 1 and p.bytes == 4 and p.kind != "embedding"
-                         and (p.kind != "head" or s.full_logits))
-    return Activations(saved, max(layers), copies)
+                         and (p.kind != "head" or s.full_logits) and p.part in reached)
+    vision, vision_layer = vision_activations(shape, s, params)
+    return Activations(saved, max(layers + [vision_layer]), copies, vision)
 
 
 def head_memory(shape: Shape, s: Setup, head_trained: bool) -> tuple[float, float]:
@@ -481,19 +579,19 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     grads = 0.0 if s.fused_update else sum(p.size for p in trainable)
     state = optimizer_state(s, trainable)
     act = activations(shape, s, params)
-    head_trained = any(p.kind in ("head", "embedding") for p in trainable)
+    head_trained = any(p.kind in ("head", "embedding") and p.part == "language" for p in trainable)
     head_fwd, head_bwd = head_memory(shape, s, head_trained)
     largest = max((p.size for p in trainable), default=0.0)
     # the first gradient backward makes (the head's; one at a time for a fused update); accumulation reuses its buffer
     head_grad = 0.0 if s.accumulation > 1 else largest if s.fused_update else max(
-        (p.size for p in trainable if p.kind in ("head", "embedding")), default=0.0)
+        (p.size for p in trainable if p.kind in ("head", "embedding") and p.part == "language"), default=0.0)
     if s.device == "cuda" and s.optimizer in FOREACH:  # torch's foreach step: one temporary per state tensor
         step_tmp = sum(p.size for p in trainable)
     else:  # a loop over parameters: about two temporaries of the largest
         step_tmp = 0.0 if s.fused_update else 2 * largest
     in_pass = grads if s.accumulation > 1 else 0.0  # gradients accumulate across micro-batches
     buffers = (2 if s.checkpointing else 1) * act.layer  # a layer's recomputation and its gradient buffers
-    held = act.saved + act.autocast_copies
+    held = act.saved + act.vision + act.autocast_copies
     phases = {"forward": held + head_fwd + in_pass,
               "backward": held + in_pass + max(head_bwd + head_grad, buffers),
               "optimizer step": 0.0 if s.fused_update else grads + step_tmp}
@@ -514,6 +612,9 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
         Part(f"optimizer state ({s.optimizer})", state, state),
         Part("activations saved for backward" + (" (checkpointed)" if s.checkpointing else ""), act.saved,
              0.0 if step else act.saved),
+        Part("vision tower and projector activations" + (" (checkpointed)" if s.checkpointing and "vision" in
+                                                          grad_parts(params) else ""), act.vision,
+             0.0 if step else act.vision),
         Part("autocast copies of float32 weights", act.autocast_copies, 0.0 if step else act.autocast_copies),
         Part("scores and loss" if s.scores else "logits and loss" + ("" if s.full_logits else " (fused LM head)"),
              max(head_fwd, head_bwd),

@@ -1,5 +1,7 @@
 """The report of ``ft plan``: the estimate for a recipe on a device, whether it fits the GPU's memory, and changes that
-make it fit when it does not (as text, or as JSON with ``--json``)."""
+make it fit when it does not (as text, or as JSON with ``--json``). For a vision-language model it also says what its
+vision tower and projector hold and train, and what a row's images cost: tokens per image, images per row, and the
+share of the sequence their tokens take."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from dataclasses import asdict, dataclass
 
 from ..recipe import Recipe
 from ..units import human
-from .memory import FITS_BELOW, Estimate, estimate, setup_for
+from .memory import FITS_BELOW, Estimate, Param, estimate, parameters, setup_for
 from .shape import PlanError, Shape, read_shape
 from .suggest import Suggestion, set_args, suggestions, yaml_value
+from .vision import PARTS, image_load
 
 
 def parse_memory(text: str) -> float:
@@ -46,7 +49,7 @@ class Plan:
         e = self.estimate
         return {
             "recipe": self.source, "model": asdict(self.shape), "setup": asdict(e.setup),
-            "parameters": e.params, "trainable_parameters": e.trainable,
+            "parameters": e.params, "trainable_parameters": e.trainable, "vision": self.vision_dict(),
             "components": [{"name": p.name, "bytes": round(p.size), "at_peak_bytes": round(p.at_peak)}
                            for p in e.parts],
             "peak_bytes": round(e.total), "peak_phase": e.phase,
@@ -54,6 +57,44 @@ class Plan:
             "suggestions": [{"changes": x.changes, "set": set_args(x.changes), "peak_bytes": round(x.estimate.total)}
                             for x in self.suggestions],
         }
+
+    def vision_dict(self) -> dict | None:
+        """A vision-language model's parts (parameters, trained ones, their state) and its images, or None."""
+        load = self.estimate.setup.images
+        if self.shape.vision is None or load is None:
+            return None
+        params = parameters(self.shape, self.estimate.setup)
+        return {**{part: {"parameters": _count(params, part), "trainable_parameters": _count(params, part, True),
+                          "state": _state(params, part)} for part in PARTS},
+                **asdict(load), "image_token_share": self._share()}
+
+    def _share(self) -> float:
+        """The share of the sequence a row's image tokens take (the worst row's, at most all of it)."""
+        load, length = self.estimate.setup.images, self.estimate.setup.max_length
+        return min(load.row_tokens / length, 1.0)
+
+    def _vision_lines(self) -> list[str]:
+        """What the vision tower and projector hold and train, and what a row's images cost."""
+        v, s = self.shape.vision, self.estimate.setup
+        load, params = s.images, parameters(self.shape, s)
+        tower, projector = (f"{_millions(_count(params, part))} parameters, {_state(params, part)}" for part in PARTS)
+        lines = [f"vision: {v.family}; tower {v.tower} ({v.layers} layers, hidden {v.hidden}) {tower}; "
+                 f"projector {projector}"]
+        per_image = f"{load.tokens_per_image} tokens per image" if load.tokens_per_image else "tokens per image unknown"
+        share = f"{self._share():.1%} of the {s.max_length}-token sequence"
+        if load.source != "data":
+            lines += [f"images: {per_image} ({load.detail})",
+                      f"        per row unknown, counted as one: {load.row_tokens} image tokens a row, {share}"]
+        elif load.images_per_row:
+            lines += [f"images: {per_image}, {load.images_per_row} per row at most, {load.mean_images:.2f} on average "
+                      f"({load.detail})", f"        up to {load.row_tokens} image tokens a row: {share}"]
+        else:
+            lines.append(f"images: none in {load.detail}")
+        if load.row_tokens > s.max_length:
+            lines.append("        a row's image tokens alone exceed data.max_length: such rows are refused "
+                         "(data.truncation: truncate) or dropped (drop); raise data.max_length, or make images "
+                         "smaller with data.image.max_pixels")
+        return lines
 
     def render(self) -> str:
         e, s, shape = self.estimate, self.estimate.setup, self.shape
@@ -68,6 +109,7 @@ class Plan:
             f"step: {s.batch} × {s.max_length} tokens{' packed' if s.packing else ''}, gradient accumulation "
             f"{s.accumulation}; {precision}; activation checkpointing {'on' if s.checkpointing else 'off'}; "
             f"{s.attention} attention; optimizer {s.optimizer}",
+            *(self._vision_lines() if shape.vision is not None and s.images is not None else []),
             "",
             f"{'component':<52}{'size':>12}{'at peak':>12}",
         ]
@@ -99,12 +141,31 @@ class Plan:
         return lines
 
 
+def _millions(count: int) -> str:
+    return f"{count / 1e6:,.1f}M" if count >= 1e6 else f"{count:,}"
+
+
+def _count(params: list[Param], part: str, trainable: bool = False) -> int:
+    return sum(p.numel for p in params if p.part == part and p.kind != "adapter" and (p.trainable or not trainable))
+
+
+def _state(params: list[Param], part: str) -> str:
+    """What of a vision-language model's part trains: all of it, LoRA adapters on it, or nothing."""
+    mine = [p for p in params if p.part == part]
+    if any(p.kind == "adapter" for p in mine):
+        return "LoRA"
+    return "trained" if any(p.trainable for p in mine) else "frozen"
+
+
 def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int = 1, device: str = "cuda") -> Plan:
-    """The whole of ``ft plan``: the estimate for the recipe, and changes that make it fit when it does not."""
+    """The whole of ``ft plan``: the estimate for the recipe, and changes that make it fit when it does not. A
+    vision-language model's images are counted from the recipe's data where it can be read
+    (``ft.plan.vision.image_load``)."""
     budget = parse_memory(gpu_memory) if gpu_memory is not None else (
         local_gpu_memory() if device == "cuda" else None)
     shape = read_shape(recipe)
-    setup = setup_for(recipe, shape, device, gpus)
+    images = image_load(recipe, shape.vision) if shape.vision is not None else None
+    setup = setup_for(recipe, shape, device, gpus, images)
     result = estimate(shape, setup)
     fits = budget is None or result.total <= FITS_BELOW * budget
     return Plan(source, shape, result, budget, [] if fits else suggestions(shape, setup, budget))

@@ -1,29 +1,19 @@
 """The model's dimensions from its config alone (``config.json`` or a GGUF file's metadata, through
 ``transformers.AutoConfig``; no weights, no torch): the linear layers of a Llama-style decoder (Llama, Mistral, Qwen2,
-Gemma, …) that ``ft plan``'s memory model counts."""
+Gemma, …) that ``ft plan``'s memory model counts, and, for a vision-language model, its vision tower and projector
+(``ft.plan.vision``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import FtError
-from ..model.loading import ModelLoadError, gguf_problems, names_a_path
+from ..model.loading import ModelLoadError, gguf_problems, modality_of, modality_problem, names_a_path
 from ..model.locate import start_config
 from ..recipe import Recipe
+from .parts import Linear, PlanError
+from .vision import VisionShape, read_vision
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-class PlanError(FtError):
-    """No estimate can be made (unreadable config, an architecture not modelled, a bad --gpu-memory): exit 2."""
-
-
-@dataclass(frozen=True)
-class Linear:
-    name: str  # the module name PEFT and transformers match targets against: model.layers.0.self_attn.q_proj
-    fan_in: int
-    fan_out: int
-    reads: str  # the tensor it reads: attn_in / mlp_in (a norm's output), attn_out, mlp_mid, head
 
 
 @dataclass(frozen=True)
@@ -40,6 +30,8 @@ class Shape:
     tied: bool
     biases: int  # bias values per layer
     dtype: str | None  # the checkpoint's, which model.dtype: auto keeps
+    decoder: str = "model"  # the language model's module path (its layers: {decoder}.layers.{i})
+    vision: VisionShape | None = None  # a vision-language model's tower and projector
 
     @property
     def q(self) -> int:
@@ -50,7 +42,7 @@ class Shape:
         return self.kv_heads * self.head_dim
 
     def layer_linears(self, i: int) -> list[Linear]:
-        h, q, kv, inter, p = self.hidden, self.q, self.kv, self.intermediate, f"model.layers.{i}."
+        h, q, kv, inter, p = self.hidden, self.q, self.kv, self.intermediate, f"{self.decoder}.layers.{i}."
         return [Linear(p + "self_attn.q_proj", h, q, "attn_in"), Linear(p + "self_attn.k_proj", h, kv, "attn_in"),
                 Linear(p + "self_attn.v_proj", h, kv, "attn_in"), Linear(p + "self_attn.o_proj", q, h, "attn_out"),
                 Linear(p + "mlp.gate_proj", h, inter, "mlp_in"), Linear(p + "mlp.up_proj", h, inter, "mlp_in"),
@@ -67,7 +59,9 @@ _EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_exp
 
 def read_shape(recipe: Recipe) -> Shape:
     """The model's dimensions, from its config (local directory, the hub cache, or the hub when online; a GGUF
-    file's metadata)."""
+    file's metadata). A vision-language model (``model.modality``, else its config's, as
+    ``ft.model.loading.model_modality`` decides, on the config of the model the run starts from) also gets its vision
+    tower and projector (``ft.plan.vision.read_vision``)."""
     model = recipe.model
     problems = gguf_problems(model)
     if problems:
@@ -87,7 +81,13 @@ def read_shape(recipe: Recipe) -> Shape:
             "config.json: set model.name to a local directory that holds one, or to a hub id that is in the local "
             "cache or reachable from this machine (unset HF_HUB_OFFLINE to download it; `hf auth login` for gated "
             "models).") from None
+    vision = None
+    if _modality(model, config) == "vision":
+        vision = read_vision(config, model.name)
+    # a vision-language model ties its head as its own config says (Mistral 3: tied, over its text config's untied)
+    tied = getattr(config, "tie_word_embeddings", None)
     config = config.get_text_config()
+    tied = bool(getattr(config, "tie_word_embeddings", False) if tied is None else tied)
     missing = [key for key in _REQUIRED if getattr(config, key, None) is None]
     experts = [key for key in _EXPERTS if getattr(config, key, None)]
     kind = getattr(config, "model_type", "?")
@@ -106,5 +106,13 @@ def read_shape(recipe: Recipe) -> Shape:
     dtype = getattr(config, "dtype", None)
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
     return Shape(model.name, kind, config.hidden_size, config.intermediate_size, config.num_hidden_layers, heads,
-                 kv_heads, head_dim, config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)), biases,
-                 dtype if dtype in DTYPE_BYTES else None)
+                 kv_heads, head_dim, config.vocab_size, tied, biases,
+                 dtype if dtype in DTYPE_BYTES else None, vision.language if vision else "model", vision)
+
+
+def _modality(model, config) -> str:
+    """``model.modality`` where the recipe sets it and the config's family allows it, else the config's."""
+    problem = modality_problem(model.modality, config)
+    if problem:
+        raise PlanError(f"model.modality: {problem}")
+    return model.modality or modality_of(config)

@@ -25,7 +25,6 @@ from .shape import Shape, read_shape
 PROJECTED = [r".*self_attn.*", r".*mlp.*"]  # the modules a suggested GaLore projects
 
 
-
 @dataclass(frozen=True)
 class Suggestion:
     changes: dict  # recipe key -> new value
@@ -33,7 +32,8 @@ class Suggestion:
 
 
 def _candidates(s: Setup, fits: Callable[[Setup], bool]) -> list[tuple[dict, Setup]]:
-    """Single recipe changes that lower the peak, least disruptive first."""
+    """Single recipe changes that lower the peak, least disruptive first (a vision-language model's full fine-tune:
+    freezing its vision tower, after the changes that leave training as it is)."""
     out = []
     if not s.checkpointing:
         out.append(({"train.gradient_checkpointing": True}, replace(s, checkpointing=True)))
@@ -44,6 +44,9 @@ def _candidates(s: Setup, fits: Callable[[Setup], bool]) -> list[tuple[dict, Set
                 out.append(({"train.per_device_train_batch_size": batch,
                              "train.gradient_accumulation_steps": new.accumulation}, new))
                 break
+    if s.images is not None and s.adapter is None and "vision" not in s.freeze:  # keep the vision tower as loaded
+        freeze = ("vision", *s.freeze)
+        out.append(({"model.freeze": list(freeze)}, replace(s, freeze=freeze)))
     if s.device == "cuda" and s.dtype == "float32" and not s.bits:
         out.append(({"model.dtype": "bfloat16"}, replace(s, dtype="bfloat16")))
     if OPTIMIZER_STATE.get(s.optimizer, ADAMW) in (ADAMW, ADAMW_32):
