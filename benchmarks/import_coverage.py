@@ -3,8 +3,10 @@
 Imports every .yml/.yaml file under the corpus folder (default: ../shared/axolotl-examples, 215 example configs from
 the Axolotl repository) in this process, as `ft import axolotl` does, and reports:
 
-- the share of configs whose recipe `ft validate` accepts (target >= 90%), of all files and of the training configs
-  (a file that is not an Axolotl training config is refused with exit 2, as the command does);
+- the share of configs whose recipe `ft validate` accepts (target >= 90%), of all files, of the text-model training
+  configs and, apart, of the vision-language ones (a `processor_type` and image rows); the audio-language configs are
+  refused by design (ft trains text and images), and a file that is not an Axolotl training config is refused with
+  exit 2, as the command does;
 - the share of keys carried, ignored (empty or switched off) and not carried, over the whole corpus (nested keys of
   datasets, trl, fsdp_config, special_tokens… counted one by one);
 - the most frequent keys not carried, and each config ft does not accept with ft's first reason;
@@ -52,7 +54,10 @@ def main() -> int:
     if not files:
         print(f"no .yml/.yaml files under {args.corpus}", file=sys.stderr)
         return 1
-    accepted, refused, unreadable, crashes, beyond = [], [], [], [], []
+    unreadable, crashes, refused = [], [], []
+    accepted: collections.Counter = collections.Counter()  # modality -> configs ft accepts
+    training: collections.Counter = collections.Counter()  # modality -> training configs (audio: refused by design)
+    audio: list[str] = []
     keys: collections.Counter = collections.Counter()
     missing: collections.Counter = collections.Counter()
     started = time.perf_counter()
@@ -72,15 +77,24 @@ def main() -> int:
             keys["noted"] += entry.status == CARRIED and bool(entry.why) and not entry.same
             if entry.status == NOT_CARRIED:
                 missing[generic(entry.key)] += 1
-        (accepted if result.valid else beyond if result.out_of_scope else refused).append(
-            (name, result.verdict.errors[:1]))
+        training[result.modality] += 1
+        if result.valid:
+            accepted[result.modality] += 1
+        elif result.out_of_scope:
+            audio.append(name)
+        else:
+            refused.append((name, result.modality, result.verdict.errors[:1]))
     elapsed = time.perf_counter() - started
-    training = len(files) - len(unreadable) - len(beyond)  # the text-model training configs
+    text, vision = training["text"], training["vision"]
     total_keys = sum(keys[status] for status in (CARRIED, IGNORED, NOT_CARRIED)) or 1
-    print(f"corpus: {args.corpus} ({len(files)} files: {training} text-model training configs, {len(beyond)} of "
-          f"multimodal models, refused by design; {elapsed:.1f} s)")
-    print(f"accepted by ft validate: {len(accepted)}/{training} text-model training configs = "
-          f"{len(accepted) / max(training, 1):.1%} (target >= 90%); {len(accepted)}/{len(files)} files")
+    print(f"corpus: {args.corpus} ({len(files)} files: {text} text-model training configs, {vision} vision-language, "
+          f"{training['audio']} audio-language refused by design, {len(unreadable)} not training configs; "
+          f"{elapsed:.1f} s)")
+    print(f"accepted by ft validate: {accepted['text']}/{text} text-model training configs = "
+          f"{accepted['text'] / max(text, 1):.1%} (target >= 90%); {accepted['vision']}/{vision} vision-language = "
+          f"{accepted['vision'] / max(vision, 1):.1%} (target >= 90%); {sum(accepted.values())}/{len(files)} files")
+    print(f"audio-language configs refused (exit 1: ft trains text and images, not audio): {len(audio)}/"
+          f"{training['audio']}")
     print(f"keys: {total_keys} in all; carried {keys[CARRIED]} ({keys[CARRIED] / total_keys:.1%}), ignored as empty "
           f"or off {keys[IGNORED]} ({keys[IGNORED] / total_keys:.1%}), not carried {keys[NOT_CARRIED]} "
           f"({keys[NOT_CARRIED] / total_keys:.1%})")
@@ -94,17 +108,17 @@ def main() -> int:
         print("\nnot training configs (exit 2):")
         for name, message in unreadable:
             print(f"  {name}: {message}")
-    if beyond:
-        print("\nmultimodal models (exit 1: ft trains text-only language models):")
-        for name, _ in beyond:
+    if audio:
+        print("\naudio-language models (exit 1: ft trains text and images, not audio):")
+        for name in audio:
             print(f"  {name}")
     if refused:
         print("\nrecipes ft does not accept (exit 1), with ft's first reason:")
-        for name, errors in refused:
-            print(f"  {name}: {errors[0].render() if errors else '?'}")
+        for name, modality, errors in refused:
+            print(f"  {name}{' (vision)' if modality == 'vision' else ''}: {errors[0].render() if errors else '?'}")
     for name, text in crashes:
         print(f"\ntraceback importing {name}:\n{text}", file=sys.stderr)
-    ok = not crashes and len(accepted) / max(training, 1) >= TARGET
+    ok = not crashes and all(accepted[m] / training[m] >= TARGET for m in ("text", "vision") if training[m])
     return 0 if ok else 1
 
 

@@ -486,21 +486,19 @@ def test_an_rl_method_ft_lacks_is_named_at_the_top(tmp_path):
     assert "WARNING: rl: ebft is not carried" in result.text.splitlines()[2]
 
 
-def test_a_vision_language_config_is_written_but_refused_with_the_reason(tmp_path):
-    """Axolotl's vision configs name a processor and the language model's modules inside the multimodal one: they
-    validated as recipes, then failed at `target_modules` in their first run. ft trains text-only models."""
+def test_a_vision_language_config_is_imported_as_one(tmp_path):
+    """A processor means the model reads images: the recipe says so (`model.modality: vision`) and ft accepts it;
+    without the processor the same config trains the model as text. The vision keys one by one, the example configs
+    and audio: tests/test_import_axolotl_vision.py."""
     config = {**BASE, "base_model": "mistral-community/pixtral-12b", "processor_type": "AutoProcessor",
               "adapter": "lora", "lora_r": 16, "lora_alpha": 32,
               "lora_target_modules": "model.language_model.layers.[\\d]+.(mlp|self_attn).(up|down|gate|q|k|v|o)_proj"}
-    _, result = imported(tmp_path, config, valid=False)
-    [problem] = result.verdict.errors
-    assert problem.path == "model.name" and "`processor_type: AutoProcessor`" in problem.message
-    assert "vision- or audio-language model" in problem.message and "text-only" in problem.message
-    assert result.out_of_scope and status(result, "processor_type") == NOT_CARRIED
-    assert "# ft does not accept this recipe yet: model.name:" in result.text
+    recipe, result = imported(tmp_path, config)
+    assert recipe.model.modality == "vision" and status(result, "processor_type") == CARRIED
+    assert not result.out_of_scope and result.modality == "vision"
     (tmp_path / "text").mkdir()
-    _, text_only = imported(tmp_path / "text", {**config, "processor_type": None})  # its language part: a recipe
-    assert not text_only.out_of_scope
+    text_only, _ = imported(tmp_path / "text", {**config, "processor_type": None})
+    assert text_only.model.modality is None
 
 
 # --- distributed -------------------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """``ft import axolotl CONFIG.yml``: an Axolotl config → an ft recipe, with an account of every key.
 
 The config is read as Axolotl reads it (PyYAML, YAML 1.1). Empty keys are recorded as ignored; then each handler
-(``axolotl_model``, ``axolotl_data``, ``axolotl_train``, ``axolotl_method``, ``axolotl_distributed``,
-``axolotl_other``) maps the keys it owns; Axolotl's defaults that differ from ft's are written out for keys the
-config leaves unset; every key or nested key still unaccounted for is recorded as not carried. The recipe is then
-validated with ft's own loader (``ledger.check``) and written with a header naming the source and a trailer listing
-what was not carried and why. Imports nothing heavy: no torch, transformers or datasets.
+(``axolotl_model``, ``axolotl_vision``, ``axolotl_data``, ``axolotl_train``, ``axolotl_method``,
+``axolotl_distributed``, ``axolotl_other``) maps the keys it owns, knowing the method (``rl``) and what the rows hold
+(``processor_type``: text, images or audio), both decided first; Axolotl's defaults that differ from ft's are
+written out for keys the config leaves unset; every key or nested key still unaccounted for is recorded as not
+carried. The recipe is then validated with ft's own loader (``ledger.check``) and written with a header naming the
+source and a trailer listing what was not carried and why. Imports nothing heavy: no torch, transformers or datasets.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from ..errors import FtError
 from ..recipe import Problem, RecipeError
 from ..recipe.methods import METHOD_SECTIONS
 from ..recipe.yaml_io import YamlSyntaxError, load_yaml
-from . import axolotl_data, axolotl_distributed, axolotl_method, axolotl_model, axolotl_other, axolotl_train  # noqa: F401
+from . import (  # noqa: F401  (each registers its handlers)
+    axolotl_data,
+    axolotl_distributed,
+    axolotl_method,
+    axolotl_model,
+    axolotl_other,
+    axolotl_train,
+    axolotl_vision,
+)
 from .axolotl_keys import EXPECTED, HANDLERS, Ctx, misfit
 from .axolotl_method import method_of
 from .ledger import CARRIED, IGNORED, NOT_CARRIED, Entry, Ledger, Verdict, check, trailer
@@ -26,6 +35,7 @@ from .ledger import CARRIED, IGNORED, NOT_CARRIED, Entry, Ledger, Verdict, check
 # the sections of a written recipe, in order (every method's section, as METHODS lists them)
 SECTIONS = ("method", "model", "adapter", "data", "optimizer", "scheduler", *METHOD_SECTIONS, "distributed",
             "callbacks", "train")
+ORDER = (*SECTIONS, "model.name")  # and the model's name first in its section, whichever handler wrote it first
 
 
 class ConfigError(FtError, prefix="ft import axolotl: "):
@@ -37,7 +47,8 @@ class Imported:
     text: str  # the recipe file: header comment, YAML, trailer comment
     ledger: Ledger
     verdict: Verdict
-    out_of_scope: bool = False  # refused for what ft does not train at all (a multimodal model), not for a key
+    out_of_scope: bool = False  # refused for what ft does not train at all (an audio model), not for a key
+    modality: str = "text"  # what the config's rows hold: text, vision or audio (``axolotl_vision.modality_of``)
 
     @property
     def valid(self) -> bool:
@@ -85,6 +96,7 @@ def map_config(config: dict) -> Ctx:
         elif misfit(EXPECTED, key, value):
             ctx.ledger.record(Entry(key, value, NOT_CARRIED, why=misfit(EXPECTED, key, value)))
     ctx.method = method_of(ctx.cfg)
+    ctx.modality = axolotl_vision.modality_of(ctx.cfg)
     ctx.draft.set("method", ctx.method)
     for handler in HANDLERS:
         if any(ctx.has(key) for key in handler.keys):
@@ -117,14 +129,15 @@ def import_axolotl(path: Path, out: Path | None = None) -> Imported:
     ctx = map_config(read_config(path))
     base_dir = (out.parent if out is not None else Path(".")).resolve()
     size = len(_header(path, ctx))
-    verdict = check(ctx.draft, ctx.ledger, base_dir, str(out or "<stdout>"), SECTIONS, header_lines=size)
+    verdict = check(ctx.draft, ctx.ledger, base_dir, str(out or "<stdout>"), ORDER, header_lines=size)
     if ctx.refusals:  # what ft cannot train at all, ahead of what validation found
         errors = [*ctx.refusals, *verdict.errors]
         verdict = Verdict(verdict.text, errors, verdict.warnings, str(RecipeError(errors, str(out or "<stdout>"))))
     refused = [f"# ft does not accept this recipe yet: {p.render()}" for p in verdict.errors] + [
         "# Fix it by hand (`ft validate` checks it again)."] if verdict.errors else []
     lines = [*_header(path, ctx), verdict.text.rstrip("\n"), *([""] + refused if refused else []), *trailer(ctx.ledger)]
-    return Imported("\n".join(lines) + "\n", ctx.ledger, verdict, out_of_scope=bool(ctx.refusals))
+    return Imported("\n".join(lines) + "\n", ctx.ledger, verdict, out_of_scope=bool(ctx.refusals),
+                    modality=ctx.modality)
 
 
 def _header(path: Path, ctx: Ctx) -> list[str]:

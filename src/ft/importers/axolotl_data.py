@@ -9,6 +9,7 @@ from typing import Any
 from ..recipe.methods import DEFAULT_METHOD, METHODS, readers
 from .axolotl_keys import ENTRY_EXPECTED, Ctx, handles, misfit, number
 from .axolotl_types import Reading, nearest, reading
+from .axolotl_vision import IMAGE_ROWS, NOT_PACKED, TEXT_TEMPLATES
 
 LOADERS = ("json", "csv", "parquet", "text", "arrow")  # `path: json` + data_files: a datasets builder name
 FT_ROLES = ("system", "user", "assistant", "tool")
@@ -91,7 +92,8 @@ def _source(ctx: Ctx, prefix: str, entry: Any, method: str, where: str, pretrain
             ctx.skip(f"{prefix}.type", f"{found.missing}. The source is kept with the nearest ft format, "
                      f"`{found.format}`: check its fields")
         else:
-            ctx.carry(f"{prefix}.type", (f"{where}.format",), found.note)
+            images = IMAGE_ROWS if ctx.modality == "vision" and found.format == "chat" else ""
+            ctx.carry(f"{prefix}.type", (f"{where}.format",), "; ".join(filter(None, (found.note, images))))
     else:
         found = Reading(nearest(method))
         ctx.skip(f"{prefix}.type", "no `type:`: Axolotl reads such a dataset as already tokenized (input_ids, labels); "
@@ -252,18 +254,21 @@ def sequence_len(ctx: Ctx) -> None:
 @handles("sample_packing", "eval_sample_packing", "pad_to_sequence_len")
 def packing(ctx: Ctx) -> None:
     packing_on = ctx.get("sample_packing") is True
+    packable = "data.packing" in METHODS[ctx.method].reads and ctx.modality != "vision"
     if ctx.has("sample_packing"):
         if not packing_on:
-            ctx.same("sample_packing", "data.packing: false")
-        elif "data.packing" in METHODS[ctx.method].reads:
+            ctx.same("sample_packing", "data.packing: false" + (f"; {NOT_PACKED}" if ctx.modality == "vision" else ""))
+        elif packable:
             ctx.put("sample_packing", "data.packing", True, "TRL's packing (bin-fitting whole rows, each attending "
                     "to itself), not Axolotl's multipack sampler")
+        elif ctx.modality == "vision":
+            ctx.skip("sample_packing", NOT_PACKED)
         else:
             packs = " and ".join(name.upper() for name in readers("data.packing"))
             ctx.skip("sample_packing", f"ft packs {packs} rows only; method `{ctx.method}` trains unpacked")
     if ctx.has("eval_sample_packing"):
         value = ctx.get("eval_sample_packing") is True
-        if packing_on and "data.packing" in METHODS[ctx.method].reads:
+        if packing_on and packable:
             ctx.train("eval_sample_packing", "eval_packing", value)
         else:
             ctx.off("eval_sample_packing", "no packing in this recipe")
@@ -317,13 +322,16 @@ def chat_template(ctx: Ctx) -> None:
     if name is None:
         return
     name = str(name)
-    if name in ("chatml", "llama3"):
+    if name in ("chatml", "llama3") and ctx.modality == "vision":
+        ctx.skip("chat_template", TEXT_TEMPLATES)
+    elif name in ("chatml", "llama3"):
         ctx.put("chat_template", "data.chat_template", name)
     elif name == "tokenizer_default" or name.startswith("tokenizer_default_fallback_"):
         ctx.same("chat_template", "the tokenizer's own template" + ("" if name == "tokenizer_default" else
                  "; without one, set data.chat_template (Axolotl falls back to " + name.rsplit("_", 1)[-1] + ")"))
     else:
-        ctx.skip("chat_template", f"ft builds in chatml and llama3 only; the recipe uses the tokenizer's own "
+        own = "the processor's" if ctx.modality == "vision" else "the tokenizer's"
+        ctx.skip("chat_template", f"ft builds in chatml and llama3 only; the recipe uses {own} own "
                  f"template (ft's default: for this model family's instruct models usually `{name}` itself), or "
                  "paste the Jinja text into data.chat_template")
 

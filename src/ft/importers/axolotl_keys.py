@@ -26,6 +26,7 @@ class Ctx:
     draft: Draft = field(default_factory=Draft)
     ledger: Ledger = field(default_factory=Ledger)
     method: str = DEFAULT_METHOD  # the ft method the config trains with (decided first, from `rl`)
+    modality: str = "text"  # what its rows hold: text, vision or audio (decided first: ``axolotl_vision.modality_of``)
     refusals: list[Problem] = field(default_factory=list)  # what ft cannot train, whatever the keys say
 
     @property
@@ -156,6 +157,8 @@ KINDS: dict[str, Callable[[Any], bool]] = {
     "a list or a mapping": lambda v: isinstance(v, (list, dict)),
     "a mapping of lists": lambda v: isinstance(v, dict) and all(isinstance(x, list) or x is None for x in v.values()),
     "true, false or text": lambda v: isinstance(v, (bool, str)),
+    "a number or [width, height]": lambda v: _is_number(v) or (isinstance(v, list) and len(v) == 2 and all(
+        _is_number(x) for x in v)),
 }
 _NUMBERS = ("micro_batch_size", "eval_batch_size", "gradient_accumulation_steps", "batch_size", "num_epochs",
             "max_steps", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
@@ -168,7 +171,7 @@ _TEXTS = ("base_model", "base_model_config", "revision_of_model", "output_dir", 
           "chat_template", "chat_template_jinja", "adapter", "rl", "hub_model_id", "hub_strategy", "hub_revision",
           "attn_implementation", "dataset_prepared_path", "lora_model_dir", "model_type", "tokenizer_type",
           "excess_length_strategy", "wandb_project", "wandb_name", "trackio_project_name", "trackio_run_name",
-          "trackio_space_id", "mlflow_experiment_name", "mlflow_run_name")
+          "trackio_space_id", "mlflow_experiment_name", "mlflow_run_name", "processor_type", "image_resize_algorithm")
 _MAPPINGS = ("gradient_checkpointing_kwargs", "lr_scheduler_kwargs", "bnb_config_kwargs", "trl", "fsdp_config",
              "special_tokens")
 EXPECTED: dict[str, str] = {  # Axolotl key -> its kind
@@ -178,6 +181,7 @@ EXPECTED: dict[str, str] = {  # Axolotl key -> its kind
     "lora_modules_to_save": "text or a list of text", "dpo_loss_type": "text or a list of text",
     "optim_args": "text or a mapping", "deepspeed": "text or a mapping", "bf16": "true, false or text",
     "tf32": "true, false or text", "gradient_checkpointing": "true, false or text",
+    "image_size": "a number or [width, height]",
 }
 ENTRY_EXPECTED: dict[str, str] = {  # dataset-entry key -> its kind
     "type": "text or a mapping", "roles": "a mapping of lists", "message_property_mappings": "a mapping",

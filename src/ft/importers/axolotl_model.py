@@ -4,6 +4,7 @@ loading, attention kernel, LoRA/QLoRA and special tokens."""
 from __future__ import annotations
 
 from .axolotl_keys import Ctx, handles, number
+from .axolotl_vision import IMAGE_TEXT_CLASSES, LM_ONLY
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")  # ft's choices
 LEGACY_ATTENTION = {  # Axolotl's older boolean flags -> the attn_implementation they stand for
@@ -31,6 +32,10 @@ def base_model(ctx: Ctx) -> None:
     if model_type is not None:
         if model_type in CAUSAL_LM or str(model_type).endswith("ForCausalLM"):
             ctx.same("model_type", "AutoModelForCausalLM, which picks the class from the model's config.json")
+        elif ctx.modality == "vision" and (model_type in IMAGE_TEXT_CLASSES or str(model_type).endswith(
+                "ForConditionalGeneration")):
+            ctx.same("model_type", "AutoModelForImageTextToText for a vision-language model (model.modality: "
+                     "vision), which picks the class from the model's config.json")
         else:
             ctx.skip("model_type", f"ft trains causal language models on text (AutoModelForCausalLM); a "
                      f"`{model_type}` model (classification, vision or audio heads) has no ft equivalent")
@@ -203,19 +208,22 @@ def _lora_shape(ctx: Ctx, notes: list[str]) -> None:
                 value = [value] if isinstance(value, str) else list(value)
             ctx.put(key, f"adapter.{name}", value)
     modules, linear = ctx.get("lora_target_modules"), ctx.get("lora_target_linear")
+    vision = LM_ONLY if ctx.modality == "vision" else ""  # names and all-linear: the language model only
     if linear is True:
-        ctx.put("lora_target_linear", "adapter.target_modules", "all-linear")
+        ctx.put("lora_target_linear", "adapter.target_modules", "all-linear", vision)
         if modules is not None:
             ctx.put("lora_target_modules", "adapter.target_modules", "all-linear", "Axolotl adds every linear layer to "
-                    "these; all-linear covers them unless one of them is not a linear layer (add it by hand then)")
+                    "these; all-linear covers them unless one of them is not a linear layer (add it by hand then)"
+                    + (f"; {vision}" if vision else ""))
     else:
         if ctx.has("lora_target_linear"):
             ctx.off("lora_target_linear", "off")
-        if modules is not None:
-            ctx.put("lora_target_modules", "adapter.target_modules", modules)
+        if modules is not None:  # one text is a regular expression, in PEFT as in ft: taken as written
+            ctx.put("lora_target_modules", "adapter.target_modules", modules, vision if isinstance(modules, list)
+                    else "")
         else:
             notes.append("no target modules given: Axolotl leaves PEFT's per-model default (e.g. q_proj, v_proj), "
-                         "ft's default is all-linear")
+                         "ft's default is all-linear" + (" (on the language model only)" if vision else ""))
 
 
 @handles("special_tokens")
@@ -235,14 +243,3 @@ def special_tokens(ctx: Ctx) -> None:
             ctx.skip(key, "ft keeps the tokenizer's own special tokens (its BOS/EOS end every sequence ft "
                      "tokenizes); to change them, save the tokenizer with the tokens you want and train from that "
                      "folder")
-
-
-@handles("processor_type")
-def multimodal(ctx: Ctx) -> None:
-    """A processor (images, audio) means a vision- or audio-language model trained on rows with media: ft trains
-    text-only causal language models, so the recipe is written but refused instead of failing at its first run (its
-    ``language_model.*`` target modules match no module of the text model ft would load)."""
-    ctx.refuse("processor_type", "model.name", "this trains a vision- or audio-language model on rows with images or "
-               "audio through its processor, and ft trains text-only language models; train it with Axolotl, or "
-               "import a text-only config of the model's language part")
-

@@ -53,7 +53,8 @@ def _nearest(plugin: str) -> str:
 REASONS = {
     "strict": "Axolotl's check of its own config keys; ft always checks a recipe strictly",
     "debug": "Axolotl's debug logging; set FT_DEBUG=1 for ft's tracebacks",
-    "unfrozen_parameters": "ft trains every weight, or an adapter; it cannot freeze a subset of weights",
+    "unfrozen_parameters": "ft trains every weight, or an adapter; it cannot freeze a subset of weights (but a "
+                           "vision-language model's vision tower and projector: model.freeze)",
     "tokens": "ft does not add tokens to the tokenizer; save the tokenizer with them and train from that folder",
     "added_tokens_overrides": "ft does not change the tokenizer's vocabulary",
     "eot_tokens": "ft finds the end-of-turn token from the chat template",

@@ -6,9 +6,11 @@ Every key of the source config ends in the ``Ledger`` in exactly one state:
 - **ignored**: it has no effect as written (empty, ``null``, or switching off a feature ft does not have);
 - **not carried**: ft has no equivalent, or refuses the value; ``why`` says which and what to do.
 
-``check`` validates the drafted recipe with ft's own loader. When ft refuses a value an importer carried (its rules
-know things a key-by-key mapping does not, e.g. that NEFTune is SFT-only), that key moves to *not carried* with ft's
-message as the reason, and the recipe is checked again; a refusal no carried key accounts for is left for the user.
+``check`` validates the drafted recipe with ft's own loader and, where the recipe says what its model reads
+(``model.modality``), with the modality rules ``ft train`` applies before reading rows (a vision model's rows are
+not packed, …). When ft refuses a value an importer carried (its rules know things a key-by-key mapping does not,
+e.g. that NEFTune is SFT-only), that key moves to *not carried* with ft's message as the reason, and the recipe is
+checked again; a refusal no carried key accounts for is left for the user.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 from ..recipe.errors import Problem, RecipeError
 from ..recipe.load import validate
 from ..recipe.redact import REDACTED, SECRET_KEY
-from ..recipe.yaml_io import dump_yaml, parse_yaml
+from ..recipe.rules import check_modality
+from ..recipe.schema import Recipe
+from ..recipe.yaml_io import Locations, dump_yaml, parse_yaml
 
 CARRIED, IGNORED, NOT_CARRIED = "carried", "ignored", "not carried"
 
@@ -108,12 +112,29 @@ def check(draft: Draft, ledger: Ledger, base_dir: Path, name: str, order: tuple[
         text = dump_yaml(ordered(draft.data, order))
         raw, locations = parse_yaml("#\n" * header_lines + text, name)
         try:
-            _, warnings = validate(raw, locations, base_dir=base_dir, source=name)
-            return Verdict(text, [], warnings)
+            recipe, warnings = validate(raw, locations, base_dir=base_dir, source=name)
+            problems = _modality_problems(recipe, locations)
+            if not any(p.level == "error" for p in problems):
+                return Verdict(text, [], warnings + problems)
+            raise RecipeError(problems, name)
         except RecipeError as exc:
             errors = [p for p in exc.problems if p.level == "error"]
             if not any([_refuse(problem, draft, ledger) for problem in errors]):
                 return Verdict(text, errors, [], str(exc))
+
+
+def _modality_problems(recipe: Recipe, locations: Locations) -> list[Problem]:
+    """The modality rules' problems for a recipe that declares what its model reads (``model.modality``; unset: known
+    only once ``ft train`` reads the model's config), located at their key's line as the loader's are."""
+    if recipe.model.modality is None:
+        return []
+    located = []
+    for problem in check_modality(recipe, recipe.model.modality):
+        parts = tuple(int(p) if p.isdigit() else p for p in problem.path.split("."))
+        while parts and parts not in locations:
+            parts = parts[:-1]
+        located.append(Problem(problem.path, problem.message, locations.get(parts, ""), problem.level))
+    return located
 
 
 def _refuse(problem: Problem, draft: Draft, ledger: Ledger) -> bool:
@@ -130,8 +151,16 @@ def _refuse(problem: Problem, draft: Draft, ledger: Ledger) -> bool:
 
 
 def ordered(data: dict, order: tuple[str, ...]) -> dict:
-    """``data`` with the sections named in ``order`` first, in that order."""
-    return {**{key: data[key] for key in order if key in data}, **{k: v for k, v in data.items() if k not in order}}
+    """``data`` with the keys named in ``order`` first, in that order: sections by name (``model``), and a section's
+    own keys by dotted name (``model.name``), whichever handler wrote them first."""
+
+    def arrange(node: dict, prefix: str) -> dict:
+        names = [key[len(prefix):] for key in order if key.startswith(prefix) and "." not in key[len(prefix):]]
+        first = {name: node[name] for name in names if name in node}
+        return {**first, **{key: value for key, value in node.items() if key not in first}}
+
+    return {key: arrange(value, f"{key}.") if isinstance(value, dict) else value
+            for key, value in arrange(data, "").items()}
 
 
 def shown(key: str, value: Any, limit: int = 70) -> str:
