@@ -17,12 +17,22 @@ a tokenizer trained like tiny-llama's on the same corpus, with the family's spec
 template (Llama 3 headers, Qwen2 ChatML, Mistral ``[INST]``, Gemma ``<start_of_turn>``). Each is checked here:
 ft's loss masks of a rendered conversation must hold exactly the assistant answers and the end-of-turn text.
 
+A vision-language recipe's smoke run stands in a tiny image-text-to-text model (``ft.smoke.tiny_model.VISION_FAMILIES``,
+whose sizes these assets take): ``VISION_ASSETS`` adds each family's config (its language model at the text sizes, a
+vision tower of 2 layers of width 32 seeing 16–32 pixel images), its processor (image processor, tokenizer with the
+family's image tokens, and a chat template that writes an image part as the family's image token) and generation
+config. Only families whose processors build without torchvision: Idefics3 (SmolVLM), LLaVA (also the generic
+stand-in of other families) and Gemma 3. The chat template is saved as ``chat_template.json``, the package data's
+``*.json``. Each is checked here: the model reads a rendered chat with an image, an image is at most 16 tokens, and
+ft's template checks pass.
+
 Deterministic: re-running produces byte-identical files.
-Usage: python scripts/make_tiny_model.py        (writes assets/tiny-llama and every FAMILIES entry into the package)
+Usage: python scripts/make_tiny_model.py        (writes assets/tiny-llama and every family asset into the package)
        python scripts/make_tiny_model.py --out DIR            (tiny-llama only, into DIR)
 """
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,18 +40,34 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
     AutoTokenizer,
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ImageProcessor,
+    Gemma3Processor,
+    Gemma3TextConfig,
     GemmaConfig,
     GenerationConfig,
+    Idefics3Config,
+    Idefics3ImageProcessor,
+    Idefics3Processor,
+    Idefics3VisionConfig,
     LlamaConfig,
+    LlavaConfig,
+    LlavaProcessor,
     MistralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    SiglipVisionConfig,
 )
 
 from ft.data.templates import CHATML, LLAMA3
 from ft.smoke.tiny_model import FAMILIES as ASSET_FOLDERS
 from ft.smoke.tiny_model import TINY as SMOKE_SIZES
+from ft.smoke.tiny_model import VISION_FAMILIES as VISION_SIZES
 
 PAD, BOS, IM_START, IM_END = "<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>"
 SPECIALS = [PAD, BOS, IM_START, IM_END]  # ids 0..3
@@ -284,12 +310,14 @@ CHAT = [{"role": "system", "content": "You are a calculator."},
         {"role": "assistant", "content": "The answer is 12."}]
 
 
-def build_family_tokenizer(family: Family) -> PreTrainedTokenizerFast:
+def build_family_tokenizer(family: Family, named_tokens: dict | None = None) -> PreTrainedTokenizerFast:
+    """``named_tokens``: special tokens the family's processor reads by name (Gemma 3's ``boi_token``)."""
     names = {"bos_token": family.bos, "eos_token": family.eos, "pad_token": family.pad, "unk_token": family.unk}
-    named = set(names.values())
+    named = set(names.values()) | set((named_tokens or {}).values())
     return PreTrainedTokenizerFast(
         tokenizer_object=train_bpe(list(family.specials)), **{k: v for k, v in names.items() if v is not None},
         additional_special_tokens=[t for t in family.specials if t not in named], add_bos_token=family.add_bos,
+        **({"extra_special_tokens": named_tokens} if named_tokens else {}),
         model_max_length=MAX_LEN, chat_template=family.template, clean_up_tokenization_spaces=False)
 
 
@@ -355,6 +383,151 @@ def check_family(name: str, family: Family, out: Path) -> None:
           f"len(tokenizer)={len(tok)}, end of turn {eot!r}\n  rendered: {rendered!r}\n  trained on: {trained!r}")
 
 
+# --- the smoke-test vision-language family assets -----------------------------------------------------------------
+# Each template follows its family's published one, an image part written as the family's image token; none has
+# {% generation %} markers (the real ones have none: ft's masks do not need them).
+
+SMOLVLM_TEMPLATE = (  # SmolVLM's own (Idefics3): "User:<image>…<end_of_utterance>", no system turn of its own
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+LLAVA_TEMPLATE = (  # the generic stand-in's: ChatML, an image part written as `<image>`, a content text or parts
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"
+    "{%- for part in message['content'] %}{%- if part['type'] == 'image' %}{{- '<image>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+
+GEMMA3_TEMPLATE = (  # Gemma 3's: a system message opens the first user turn; an image part is <start_of_image>
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- if messages[0]['content'] is string %}{%- set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{%- else %}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' %}{%- endif %}"
+    "{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string %}{{- message['content'] | trim }}"
+    "{%- else %}{%- for item in message['content'] %}"
+    "{%- if item['type'] == 'image' %}{{- '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' %}{{- item['text'] | trim }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<end_of_turn>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}")
+
+
+@dataclass(frozen=True)
+class VisionAsset:
+    """One vision-language family asset (its sizes: ``ft.smoke.tiny_model.VISION_FAMILIES``, which names its
+    folder): the language model's config class, tokenizer and template as a text ``Family``, and the family's
+    config, vision config, image processor and processor classes."""
+
+    text: Family
+    config: type
+    vision_config: type
+    image_processor: type
+    processor: type
+    named_tokens: dict = field(default_factory=dict)  # special tokens the processor reads by name from the tokenizer
+
+
+VISION_ASSETS = {
+    "idefics3": VisionAsset(  # SmolVLM-256M-Instruct's tokens: <|im_start|> begins, <end_of_utterance> ends a turn
+        Family(LlamaConfig, ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<end_of_utterance>",
+                             "<fake_token_around_image>", "<image>", "<global-img>"),
+               bos="<|im_start|>", eos="<end_of_utterance>", pad="<|im_end|>", unk="<|endoftext|>",
+               template=SMOLVLM_TEMPLATE, add_bos=False, stop=("<end_of_utterance>",),
+               extra={"tie_word_embeddings": True, "max_position_embeddings": 8192,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}),
+        Idefics3Config, Idefics3VisionConfig, Idefics3ImageProcessor, Idefics3Processor),
+    "llava": VisionAsset(  # LLaVA-1.5's Llama tokens and <image>, with a ChatML template
+        Family(LlamaConfig, ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<image>", "<pad>"),
+               bos="<s>", eos="<|im_end|>", pad="<pad>", unk="<unk>", template=LLAVA_TEMPLATE, add_bos=False,
+               stop=("<|im_end|>", "</s>"),
+               extra={"tie_word_embeddings": False, "max_position_embeddings": 4096,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+        LlavaConfig, CLIPVisionConfig, CLIPImageProcessor, LlavaProcessor),
+    "gemma3": VisionAsset(
+        Family(Gemma3TextConfig, ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>",
+                                  "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
+               bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", template=GEMMA3_TEMPLATE, add_bos=True,
+               stop=("<eos>", "<end_of_turn>"),
+               extra={"tie_word_embeddings": True, "max_position_embeddings": 131072, "sliding_window": 512,
+                      "query_pre_attn_scalar": TINY["head_dim"], "layer_types": ["sliding_attention",
+                                                                                 "full_attention"]}),
+        Gemma3Config, SiglipVisionConfig, Gemma3ImageProcessor, Gemma3Processor,
+        named_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                      "image_token": "<image_soft_token>"}),
+}
+MAX_IMAGE_TOKENS = 16  # an image of the smoke run becomes at most this many tokens
+
+
+def write_vision_family(name: str, spec: VisionAsset, out: Path) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = VISION_SIZES[name]
+    tok = build_family_tokenizer(spec.text, spec.named_tokens)
+    ids = {f"{key}_token_id": tok.convert_tokens_to_ids(token) if token else None
+           for key, token in (("bos", spec.text.bos), ("eos", spec.text.eos), ("pad", spec.text.pad))}
+    text = spec.text.config(vocab_size=(len(tok) + 7) // 8 * 8, **TINY, **ids, **spec.text.extra)
+    images = {key: tok.convert_tokens_to_ids(token) for key, token in sizes.tokens.items()}
+    cfg = spec.config(text_config=text.to_dict(), vision_config=spec.vision_config(**sizes.vision).to_dict(),
+                      architectures=[MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[spec.config.model_type]],
+                      **sizes.config, **images)
+    cfg.save_pretrained(out)
+    processor = spec.processor(image_processor=spec.image_processor(**sizes.image_processor), tokenizer=tok,
+                               chat_template=spec.text.template, **sizes.processor)
+    processor.save_pretrained(out)
+    # the template in chat_template.json, which the package data's *.json carries (and transformers reads)
+    (out / "chat_template.jinja").unlink()
+    (out / "chat_template.json").write_text(json.dumps({"chat_template": spec.text.template}, indent=2) + "\n")
+    stop = [tok.convert_tokens_to_ids(t) for t in spec.text.stop]
+    GenerationConfig(bos_token_id=ids["bos_token_id"], eos_token_id=stop if len(stop) > 1 else stop[0],
+                     pad_token_id=ids["pad_token_id"]).save_pretrained(out)
+    print(f"wrote {sorted(p.name for p in out.iterdir())} to {out}")
+
+
+def check_vision_family(name: str, spec: VisionAsset, out: Path) -> None:
+    """The asset loads as ft loads a vision-language model (AutoProcessor, AutoModelForImageTextToText); ft's
+    template checks pass (the template writes the processor's image token once an image part, and an end of turn);
+    an image is at most ``MAX_IMAGE_TOKENS`` tokens; the model reads a rendered chat with its image."""
+    import torch
+    from PIL import Image
+
+    from ft.data.images import ImageTokens
+    from ft.data.templates import check_image_template, end_of_turn
+
+    processor = AutoProcessor.from_pretrained(out)
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.model_type == spec.config.model_type and processor.chat_template == spec.text.template, name
+    tokens = ImageTokens(processor, None)
+    check_image_template(processor.chat_template, processor.tokenizer, tokens.token)
+    eot = end_of_turn(processor.chat_template, processor.tokenizer, parts=True)
+    counts = {size: len(tokens.expansion(size)) for size in ((16, 16), (32, 32), (40, 24), (300, 200))}
+    assert max(counts.values()) <= MAX_IMAGE_TOKENS, (name, counts)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Red"}]}]
+    text = processor.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=processor.chat_template)
+    inputs = processor(text=text, images=[Image.new("RGB", (40, 24), (220, 30, 30))], add_special_tokens=False,
+                       return_tensors="pt")
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(cfg)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape[-1] == cfg.get_text_config().vocab_size >= len(processor.tokenizer), name
+    print(f"{name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"len(tokenizer)={len(processor.tokenizer)}, image tokens by size {counts}, end of turn {eot!r}\n"
+          f"  rendered: {text!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = Path(__file__).resolve().parents[1]
@@ -380,6 +553,10 @@ def main() -> None:
     for name, family in FAMILIES.items():
         write_family(family, args.family_assets / ASSET_FOLDERS[name])
         check_family(name, family, args.family_assets / ASSET_FOLDERS[name])
+    assert VISION_ASSETS.keys() == VISION_SIZES.keys(), "an asset for each vision family ft.smoke.tiny_model reads"
+    for name, spec in VISION_ASSETS.items():
+        write_vision_family(name, spec, args.family_assets / VISION_SIZES[name].folder)
+        check_vision_family(name, spec, args.family_assets / VISION_SIZES[name].folder)
 
 
 if __name__ == "__main__":

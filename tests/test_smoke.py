@@ -16,7 +16,8 @@ from conftest import DATA, ROOT, run_ft, tiny_sft
 pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
 
 RECIPES = sorted(path.name for path in (ROOT / "recipes").glob("*.yaml"))
-FAMILY = {"qwen2-qlora.yaml": "qwen2", "mistral-dpo.yaml": "mistral", "gemma-sft.yaml": "gemma"}  # else llama
+FAMILY = {"qwen2-qlora.yaml": "qwen2", "mistral-dpo.yaml": "mistral", "gemma-sft.yaml": "gemma",
+          "smolvlm-lora.yaml": "idefics3", "vlm-colours.yaml": "llava"}  # else llama
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -25,7 +26,7 @@ def _smoke(recipe: Path | str, output_dir: Path, *extra: str):
 
 
 def test_the_shipped_recipes_include_every_family():
-    assert set(FAMILY.values()) | {"llama"} == {"llama", "qwen2", "mistral", "gemma"}
+    assert set(FAMILY.values()) | {"llama"} == {"llama", "qwen2", "mistral", "gemma", "idefics3", "llava"}
     assert set(FAMILY) <= set(RECIPES)
 
 

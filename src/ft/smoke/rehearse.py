@@ -10,14 +10,17 @@ and its target_modules (checked against the tiny model), chat template, data for
 rules, callbacks, loss, metrics and rewards.
 
 - Model: a tiny random model of the recipe's family (``smoke.tiny_model``: the real config shrunk, or a shipped
-  family asset). A model.name that is a run's output not written yet (``../runs/quickstart/final``) is looked up
-  among the recipes next to this one. Random weights are saved in ``inputs/model``: ``init: pretrained`` loads them.
+  family asset); a vision-language model's (``model.modality``, or its config) is a tiny image-text-to-text model
+  with a processor whose images are a few tokens. A model.name that is a run's output not written yet
+  (``../runs/quickstart/final``) is looked up among the recipes next to this one. Random weights are saved in
+  ``inputs/model``: ``init: pretrained`` loads them.
 - The models the method's section declares (``MethodSection.models``), each under its recipe key: one that loads as
   a causal LM (a DPO ``ref_model``, a teacher) is the tiny model too, in ``inputs/model``; a reward model
   (``rewards: [{model: ...}]``) is a tiny random sequence classifier of its family, with its real tokenizer and chat
   template, looked up like the model when a recipe here writes it.
 - Data: each source's first ``ROWS`` rows (``smoke.first_rows``; copied to ``inputs/data`` when it has more; errors
-  about a copy name the original file and line), or rows generated in its format when it cannot be read.
+  about a copy name the original file and line), or rows generated in its format when it cannot be read. For a
+  vision-language model a copy's image paths are made absolute, and generated chats are about generated pictures.
 - Machine: what a GPU recipe sets that this CPU cannot run (bf16/fp16, flash attention, Liger kernels, 4-bit
   loading where bitsandbytes cannot do it here, CUDA-only optimizers, DeepSpeed/FSDP, vLLM, torch.compile), replaced
   by the CPU equivalent; nothing is pushed or reported to trackers.
@@ -158,9 +161,9 @@ def prepare(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> Smoke:
     _machine(edits, recipe)
     _size(edits, recipe)
     _outputs(edits, recipe, out)
-    model, tokenizer = _model(edits, loaded, base_dir, out / "inputs" / "model")
+    model, processing = _model(edits, loaded, base_dir, out / "inputs" / "model")
     _extra_models(edits, loaded, base_dir, out / "inputs")
-    copies = _data(edits, recipe, out / "inputs" / "data", tokenizer)
+    copies = _data(edits, recipe, out / "inputs" / "data", processing, seeing=model["modality"] == "vision")
     smoke_recipe, warnings = validate(edits.raw, loaded.locations, base_dir=base_dir, source=str(loaded.source))
     known = {w.render() for w in loaded.warnings}
     for warning in warnings:
@@ -365,8 +368,9 @@ def _outputs(edits: _Edits, recipe: Recipe, out: Path) -> None:
 
 
 def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path):
-    """Saves the tiny model (random weights, config, tokenizer) in ``model_dir`` and points the recipe at it.
-    Returns (description for summary.json, tokenizer)."""
+    """Saves the tiny model (random weights, config, tokenizer or processor) in ``model_dir`` and points the recipe
+    at it. Returns (description for summary.json, its processing class: a tokenizer, or a vision-language model's
+    processor). ``model.modality`` (the recipe's, else the run it starts from) is the stand-in's too."""
     recipe = loaded.recipe
     section, notes = recipe.model, []
     producer = _producer(section.name, base_dir)
@@ -376,7 +380,8 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
     try:
         tiny = tiny_model.stand_in(section.name, section.revision, section.trust_remote_code,
                                    recipe.train_args.get("seed", 42), notes, named=recipe.model.name,
-                                   gguf_file=section.gguf_file, tokens=named_tokens(recipe))
+                                   gguf_file=section.gguf_file, tokens=named_tokens(recipe),
+                                   modality=recipe.model.modality or section.modality)
     except tiny_model.UnknownFamily as exc:
         raise loaded.error([Problem("model.name", str(exc))]) from None
     problems = tiny_model.adapter_problems(recipe.adapter, tiny, section.name)
@@ -384,16 +389,17 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
         raise loaded.error(problems)
     tiny.save(model_dir)
     described = tiny.described
-    where = ", ".join(filter(None, [f"config: {described['config']}", f"tokenizer: {described['tokenizer']}",
-                                    *notes]))
-    edits.set("model.name", str(model_dir), f"a tiny random {tiny.model_type} model with "
+    where = ", ".join(filter(None, [f"{part}: {described[part]}" for part in ("config", "tokenizer", "processor")
+                                    if described.get(part)] + notes))
+    kind = "vision-language " if described["modality"] == "vision" else ""
+    edits.set("model.name", str(model_dir), f"a tiny random {tiny.model_type} {kind}model with "
               f"{described['parameters']:,} parameters; {where}")
     if section.revision is not None:
         edits.set("model.revision", _UNSET, "the tiny model is a local directory")
     if section.gguf_file is not None:
         edits.set("model.gguf_file", _UNSET, "the tiny model is a plain model directory")
     _adapter_path(edits, recipe)
-    return described, tiny.tokenizer
+    return described, tiny.processing
 
 
 def _extra_models(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, folder: Path) -> None:
@@ -495,11 +501,13 @@ def _adapter_path(edits: _Edits, recipe: Recipe) -> None:
 # --- the data --------------------------------------------------------------------------------------------------
 
 
-def _data(edits: _Edits, recipe: Recipe, data_dir: Path, tokenizer) -> dict[str, str]:
-    """Each source's first rows, or generated rows; returns {copy path: original path} for error messages."""
+def _data(edits: _Edits, recipe: Recipe, data_dir: Path, processing, seeing: bool = False) -> dict[str, str]:
+    """Each source's first rows, or generated rows; returns {copy path: original path} for error messages.
+    ``seeing``: the model reads images (``processing`` is its processor): a copy's image paths keep pointing at the
+    source's images, and a chat source that cannot be read gets rows with generated images."""
     data_dir.mkdir(parents=True)
     copies: dict[str, str] = {}
-    chat = bool(getattr(tokenizer, "chat_template", None))
+    chat = bool(getattr(processing, "chat_template", None))
     scored = recipe.data.eval_exact_match
     keyed = [(f"data.{split}.{i}", split, source) for split, sources in (("train", recipe.data.train),
                                                                          ("eval", recipe.data.eval_sources))
@@ -510,16 +518,20 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, tokenizer) -> dict[str,
         if scored.source is not None:
             keyed.append(("data.eval_exact_match.source", "eval", scored.source))
     for key, split, source in keyed:
-        rows = ROWS[split]
-        copy, why = first_rows.head(source, rows, data_dir / key.removeprefix("data."))
+        rows, stem = ROWS[split], data_dir / key.removeprefix("data.")
+        copy, why = first_rows.head(source, rows, stem, images=seeing)
         if copy is not None:
             copies[str(copy)] = source.path
             edits.set(f"{key}.path", str(copy), why)
         elif why is not None:  # unreachable: generated rows
-            path = data_dir / f"{key.removeprefix('data.')}.generated.jsonl"
-            first_rows.write_jsonl(path, first_rows.generated(source, split, rows, recipe, chat))
-            edits.set(f"{key}.path", str(path), f"{rows} generated `{source.format}` rows in the source's "
-                      f"layout: the data cannot be read here ({why})")
+            path = stem.with_name(f"{stem.name}.generated.jsonl")
+            if seeing and source.format == "chat":  # the format whose rows hold images
+                made = first_rows.generated_with_images(source, split, rows, path)
+                what = f"{rows} generated `chat` rows with images ({made}) in the source's layout"
+            else:
+                first_rows.write_jsonl(path, first_rows.generated(source, split, rows, recipe, chat))
+                what = f"{rows} generated `{source.format}` rows in the source's layout"
+            edits.set(f"{key}.path", str(path), f"{what}: the data cannot be read here ({why})")
     return copies
 
 

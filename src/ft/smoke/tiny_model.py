@@ -6,18 +6,28 @@ they cannot be read, the shipped ``assets/tiny-<family>/`` of this package (conf
 special tokens and chat template, written by ``scripts/make_tiny_model.py``) stands in: the family the real config's
 model_type names, else the model name (``FAMILY_WORDS``). The assets are package data, read through
 ``importlib.resources``, so an installed ft finds them wherever it is installed.
+
+A vision-language model (``model.modality: vision``, a config transformers loads as image-text-to-text only, or an
+unreadable config whose name names such a family: ``VISION_ONLY_WORDS``) stands in as a tiny random
+image-text-to-text model with a processor whose images are a few tokens (``VISION_FAMILIES``: 16–32 pixels, at most
+16 tokens an image), so that a smoke run of it takes seconds: the real config shrunk (its language model as a text
+model's, its vision tower and the tokens an image becomes to the family's smoke sizes) and the real processor
+re-sized to match, or the family's shipped asset (config, processor and tokenizer with the family's image tokens and
+chat template). A family ft ships no asset of is stood in for by the generic tiny LLaVA, and the stand-in says so.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.resources
+import json
 import re
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..model.loading import ModelLoadError, names_a_path
+from ..model.loading import ModelLoadError, modality_of, modality_problem, names_a_path, text_tokenizer
 from ..recipe import Problem
 from ..recipe.adapter import AdapterSection
 from ..recipe.errors import first_line
@@ -37,6 +47,55 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
         "intermediate_size": 128}
 TINY_MOE = {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "shared_expert_intermediate_size": 128}
+# a vision tower at the smoke sizes (CLIP, SigLIP, Idefics3's: their config keys); each family adds its image size
+TINY_VISION = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """A vision-language family ft ships a tiny asset of, at the smoke sizes: what its real config and processor are
+    set to (``shrink``, ``resized``) and what its asset holds (``scripts/make_tiny_model.py`` builds it from the same
+    table). The vision tower's image and patch size, the config's tokens an image becomes and the processor's agree:
+    an image is at most 16 tokens."""
+
+    folder: str  # under this package's assets/
+    vision: dict  # vision_config keys
+    config: dict  # top-level config keys (how image features become tokens)
+    tokens: dict  # config key -> the token whose id it holds (taken from the processor's tokenizer)
+    image_processor: dict  # the image processor's settings (the size images are resized to)
+    processor: dict = field(default_factory=dict)  # the processor's own settings (the tokens it writes an image as)
+
+
+VISION_FAMILIES = {
+    # SmolVLM: a 32-pixel image is one tile (no splitting) of 4x4 patches, pixel-shuffled by 2 into 4 tokens
+    "idefics3": VisionFamily(
+        "tiny-smolvlm", vision={**TINY_VISION, "image_size": 32, "patch_size": 8}, config={"scale_factor": 2},
+        tokens={"image_token_id": "<image>"},
+        image_processor={"size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 32},
+                         "do_image_splitting": False},
+        processor={"image_seq_len": 4}),
+    # LLaVA (and the generic stand-in): 16 pixels in 8-pixel patches, 4 tokens (the CLS feature dropped)
+    "llava": VisionFamily(
+        "tiny-llava", vision={**TINY_VISION, "image_size": 16, "patch_size": 8}, config={"image_seq_length": 4},
+        tokens={"image_token_index": "<image>"},
+        image_processor={"size": {"shortest_edge": 16}, "crop_size": {"height": 16, "width": 16}},
+        processor={"patch_size": 8}),
+    # Gemma 3: SigLIP at 32 pixels in 8-pixel patches, pooled into 4 soft tokens between its image markers
+    "gemma3": VisionFamily(
+        "tiny-gemma3", vision={**TINY_VISION, "image_size": 32, "patch_size": 8}, config={"mm_tokens_per_image": 4},
+        tokens={"image_token_index": "<image_soft_token>", "boi_token_index": "<start_of_image>",
+                "eoi_token_index": "<end_of_image>"},
+        image_processor={"size": {"height": 32, "width": 32}, "do_pan_and_scan": False},
+        processor={"image_seq_length": 4}),
+}
+# a real config's model_type -> its vision family (the families whose processors build without torchvision)
+VISION_FAMILY_OF_TYPE = {"idefics3": "idefics3", "llava": "llava", "gemma3": "gemma3"}
+# a word in model.name -> its vision family, when the config cannot be read (the earliest word in the name wins)
+VISION_FAMILY_WORDS = {"smolvlm": "idefics3", "idefics": "idefics3", "llava": "llava", "gemma": "gemma3"}
+# words that name a vision-language model whatever the recipe says: an unreadable config with one is taken as one
+VISION_ONLY_WORDS = ("smolvlm", "idefics", "llava", "-vl", "pixtral", "paligemma")
+DEFAULT_VISION_FAMILY = "llava"  # the generic stand-in of a vision-language family ft ships no asset of
+ASSET_FOLDERS = {**FAMILIES, **{name: family.folder for name, family in VISION_FAMILIES.items()}}
 
 
 class UnknownFamily(Exception):
@@ -46,10 +105,11 @@ class UnknownFamily(Exception):
 
 @dataclass
 class StandIn:
-    """The tiny model, its tokenizer and generation config, and where each came from (summary.json's ``smoke``)."""
+    """The tiny model, its processing class (a tokenizer; a vision-language model's processor) and generation config,
+    and where each came from (summary.json's ``smoke``)."""
 
     model: object
-    tokenizer: object
+    processing: object
     generation: object | None
     described: dict
 
@@ -57,14 +117,19 @@ class StandIn:
     def model_type(self) -> str:
         return self.described["model_type"]
 
+    @property
+    def tokenizer(self):
+        """The text tokenizer (a processor's own)."""
+        return text_tokenizer(self.processing)
+
     def save(self, folder: Path) -> None:
-        """Weights, config, tokenizer and generation config, as a model directory ``init: pretrained`` loads."""
+        """Weights, config, tokenizer (or processor) and generation config, as a model directory ``init:
+        pretrained`` loads."""
         folder.mkdir(parents=True)
         self.model.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
+        self.processing.save_pretrained(folder)
         if self.generation is not None:
             self.generation.save_pretrained(folder)
-
 
     def save_as_scorer(self, folder: Path, seed: int) -> None:
         """A random sequence classifier with one score of the same tiny config, with the tokenizer: the stand-in for a
@@ -83,29 +148,33 @@ class StandIn:
 
 
 def asset(family: str) -> Path:
-    """The shipped asset folder of ``family`` (``assets/<FAMILIES[family]>`` of this package), on disk."""
-    resource = importlib.resources.files(__package__) / "assets" / FAMILIES[family]
+    """The shipped asset folder of ``family`` (``assets/<ASSET_FOLDERS[family]>`` of this package), on disk."""
+    folder = ASSET_FOLDERS[family]
+    resource = importlib.resources.files(__package__) / "assets" / folder
     if not resource.joinpath("config.json").is_file():
         raise ModelLoadError(f"model.name: the smoke test needs ft's shipped tiny {family} model "
-                             f"(assets/{FAMILIES[family]} of the ft.smoke package), which is missing from this "
+                             f"(assets/{folder} of the ft.smoke package), which is missing from this "
                              "installation of ft; reinstall ft, or make the real config and tokenizer of the "
                              "recipe's model readable here instead.")
     return Path(str(resource))
 
 
 def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int, notes: list[str],
-             named: str | None = None, gguf_file: str | None = None, tokens: dict[str, str] | None = None) -> StandIn:
+             named: str | None = None, gguf_file: str | None = None, tokens: dict[str, str] | None = None,
+             modality: str | None = None) -> StandIn:
     """A tiny random model for the model ``name`` (``gguf_file``: its config and tokenizer are a GGUF file's;
     ``named``: as the recipe names it, for messages; ``notes``: what was found out about it so far; ``tokens``: the
     tokens the recipe names, ``train.pad_token`` and the like, which a shipped tokenizer standing in for the real one
-    is given where it lacks them). Raises UnknownFamily or ModelLoadError."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    is given where it lacks them; ``modality``: ``model.modality`` where the recipe sets it). A vision-language model
+    (``stand_in_modality``) stands in as one (``_vision_stand_in``). Raises UnknownFamily or ModelLoadError."""
+    from transformers import AutoConfig, AutoTokenizer
 
     named = named or name
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code,
               **({"gguf_file": gguf_file} if gguf_file else {})}
     config, config_error = _attempt(lambda: AutoConfig.from_pretrained(name, **kwargs))
+    if stand_in_modality(name, config, modality, notes) == "vision":
+        return _vision_stand_in(name, kwargs, config, config_error, seed, notes, named, tokens)
     tokenizer, tokenizer_error = _attempt(lambda: AutoTokenizer.from_pretrained(name, **kwargs))
     family = FAMILY_OF_TYPE.get(config.model_type) if config is not None else family_from_name(name)
     if family is None and config is None and names_a_path(name):
@@ -119,24 +188,17 @@ def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int
         raise UnknownFamily(f"the smoke test cannot tell what tiny model stands in for {named!r}: {missing}, and its "
                             f"name names none of the families ft ships tiny assets for ({', '.join(FAMILIES)}). Make "
                             "the real config and tokenizer readable here (a local directory, or the HF cache).")
-    described = {"family": family, "config": None, "tokenizer": None, "notes": notes}
+    described = {"family": family, "modality": "text", "config": None, "tokenizer": None, "notes": notes}
     shipped = f"shipped assets/{FAMILIES[family]}" if family is not None else ""
 
     generation = None
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(asset(family))
-        generation = GenerationConfig.from_pretrained(asset(family))
+        tokenizer, generation = _shipped(AutoTokenizer, family)
         described["tokenizer"] = f"{shipped} (the real one cannot be read: {tokenizer_error})"
-        vocabulary = tokenizer.get_vocab()
-        lacking = {key: token for key, token in (tokens or {}).items() if token not in vocabulary}
-        if lacking:  # the real tokenizer is expected to have them: a real run checks (model.loading.token_problems)
-            tokenizer.add_tokens(sorted(set(lacking.values())), special_tokens=True)
-            notes.append("the shipped tokenizer is given the recipe's " + ", ".join(
-                f"train.{key} {token!r}" for key, token in lacking.items()) + ", which it lacks (a real run checks "
-                "that the real tokenizer has it)")
+        _give_tokens(tokenizer, tokens, notes)
     else:
         described["tokenizer"] = f"the real one ({name})"
-        generation, _ = _attempt(lambda: GenerationConfig.from_pretrained(name, **kwargs))
+        generation = _generation(name, kwargs)
     tiny = None
     if config is not None:
         try:
@@ -150,23 +212,159 @@ def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int
     if tiny is None:
         tiny = AutoConfig.from_pretrained(asset(family))
         described["config"] = f"{shipped} (the real one cannot be read: {config_error})"
+    _fit_vocabulary(tiny, tokenizer, described["config"], described["tokenizer"])
+    return _built("AutoModelForCausalLM", tiny, tokenizer, generation, described, name, seed, trust_remote_code)
+
+
+def stand_in_modality(name: str, config, declared: str | None, notes: list[str]) -> str:
+    """What the stand-in reads, as the real run would take the model: ``model.modality`` where set (checked against a
+    readable config as ``model.loading.model_modality`` checks it), else the config's modality; a config that cannot
+    be read is a text model unless its name names a vision-language family (``VISION_ONLY_WORDS``: what the real run
+    would read in its config where the model can be reached)."""
+    if config is not None:
+        problem = modality_problem(declared, config)
+        if problem:
+            raise ModelLoadError(f"model.modality: {problem}")
+        return declared or modality_of(config)
+    if declared is not None:
+        return declared
+    word = _earliest(name, dict.fromkeys(VISION_ONLY_WORDS, True))
+    if word is None:
+        return "text"
+    notes.append(f"its config cannot be read here, and {word[0]!r} in its name names a vision-language model: a "
+                 "vision-language model stands in (set model.modality: text if it is a text model)")
+    return "vision"
+
+
+def _vision_stand_in(name: str, kwargs: dict, config, config_error: str | None, seed: int, notes: list[str],
+                     named: str, tokens: dict[str, str] | None) -> StandIn:
+    """``stand_in`` of a vision-language model: its family from the config's model_type (``VISION_FAMILY_OF_TYPE``)
+    or the name (``VISION_FAMILY_WORDS``); the real config shrunk (``shrink`` with the family's sizes) and the real
+    processor re-sized to match (``resized``) where each can be read, else the family's shipped asset. A family ft
+    ships no asset of is stood in for by the generic tiny LLaVA, config and processor, and a note says so."""
+    from transformers import AutoConfig, AutoProcessor
+
+    if config is not None:
+        family = VISION_FAMILY_OF_TYPE.get(config.model_type)
+    else:
+        found = _earliest(name, VISION_FAMILY_WORDS)
+        family = found[1] if found else None
+    fallback = family is None
+    if fallback:
+        family = DEFAULT_VISION_FAMILY
+        what = f"model_type {config.model_type!r}" if config is not None else f"{named!r} (its config cannot be read)"
+        notes.append(f"ft ships no tiny model of the vision-language family of {what}: its generic tiny {family} "
+                     f"(assets/{ASSET_FOLDERS[family]}: config, processor and chat template) stands in, whose module "
+                     "names and image tokens may differ from the real model's")
+    sizes, shipped = VISION_FAMILIES[family], f"shipped assets/{ASSET_FOLDERS[family]}"
+    described = {"family": family, "modality": "vision", "fallback": fallback, "config": None, "processor": None,
+                 "notes": notes}
+    processor, processor_error = (None, "its family has no tiny asset") if fallback else _attempt(
+        lambda: resized(AutoProcessor.from_pretrained(name, **kwargs), sizes))
+    if processor is None:
+        processor, generation = _shipped(AutoProcessor, family)
+        described["processor"] = f"{shipped} (the real one cannot be used: {processor_error})"
+        _give_tokens(text_tokenizer(processor), tokens, notes)
+    else:
+        described["processor"] = (f"the real one ({name}), its images re-sized: "
+                                  + ", ".join(f"{k} {v}" for k, v in {**sizes.image_processor, **sizes.processor}
+                                              .items()))
+        generation = _generation(name, kwargs)
+    tiny = None
+    if config is not None and not fallback:
+        try:
+            tiny, changed = shrink(config, sizes)
+            described["config"] = f"the real one ({name}), shrunk: " + ", ".join(changed)
+        except Exception as exc:  # a config class that refuses the tiny sizes: the family asset
+            config_error = f"shrinking it failed: {first_line(exc)}"
+    if tiny is None:
+        tiny = AutoConfig.from_pretrained(asset(family))
+        described["config"] = f"{shipped} (the real one cannot be used: {config_error or 'see the notes'})"
+    tokenizer = text_tokenizer(processor)
+    if _fit_vocabulary(tiny, tokenizer, described["config"], described["processor"]):
+        for key, token in sizes.tokens.items():  # the image tokens' ids, as the processor's tokenizer has them
+            setattr(tiny, key, tokenizer.convert_tokens_to_ids(token))
+    return _built("AutoModelForImageTextToText", tiny, processor, generation, described, name, seed,
+                  kwargs["trust_remote_code"])
+
+
+def resized(processor, sizes: VisionFamily):
+    """``processor`` (the real one) with its images at the smoke sizes: saved, the settings ``sizes`` names replaced
+    (the image processor's in its nested ``image_processor`` entry, or in ``preprocessor_config.json`` as older
+    processors save it), and loaded again, so that what a processor derives from them when it is made (Gemma 3's
+    image token sequence) follows. Its tokenizer and chat template are the real ones."""
+    from transformers import AutoProcessor
+
+    with tempfile.TemporaryDirectory() as folder:
+        processor.save_pretrained(folder)
+        saved = Path(folder) / "processor_config.json"
+        settings = json.loads(saved.read_text()) if saved.is_file() else {}
+        settings.update(sizes.processor)
+        if isinstance(settings.get("image_processor"), dict):
+            settings["image_processor"].update(sizes.image_processor)
+        else:
+            older = Path(folder) / "preprocessor_config.json"
+            older.write_text(json.dumps({**json.loads(older.read_text()), **sizes.image_processor}, indent=2))
+        saved.write_text(json.dumps(settings, indent=2))
+        return AutoProcessor.from_pretrained(folder)
+
+
+def _shipped(auto, family: str):
+    """The shipped asset's tokenizer (or processor, by ``auto``) and generation config."""
+    from transformers import GenerationConfig
+
+    folder = asset(family)
+    return auto.from_pretrained(folder), GenerationConfig.from_pretrained(folder)
+
+
+def _generation(name: str, kwargs: dict):
+    from transformers import GenerationConfig
+
+    return _attempt(lambda: GenerationConfig.from_pretrained(name, **kwargs))[0]
+
+
+def _give_tokens(tokenizer, tokens: dict[str, str] | None, notes: list[str]) -> None:
+    """A shipped tokenizer is given the tokens the recipe names that it lacks (the real one is expected to have them:
+    a real run checks, ``model.loading.token_problems``)."""
+    vocabulary = tokenizer.get_vocab()
+    lacking = {key: token for key, token in (tokens or {}).items() if token not in vocabulary}
+    if lacking:
+        tokenizer.add_tokens(sorted(set(lacking.values())), special_tokens=True)
+        notes.append("the shipped tokenizer is given the recipe's " + ", ".join(
+            f"train.{key} {token!r}" for key, token in lacking.items()) + ", which it lacks (a real run checks "
+            "that the real tokenizer has it)")
+
+
+def _fit_vocabulary(tiny, tokenizer, config_from: str, tokenizer_from: str) -> bool:
+    """The tiny config's language model reads every id of ``tokenizer``; when config and tokenizer came from two
+    places (one shipped, one real), its vocabulary and special token ids are the tokenizer's. Returns whether they
+    did."""
     text = tiny.get_text_config()
-    if described["config"].startswith("shipped") != described["tokenizer"].startswith("shipped"):
-        # config and tokenizer from two places: the tokenizer's vocabulary and special tokens
+    mixed = config_from.startswith("shipped") != tokenizer_from.startswith("shipped")
+    if mixed:
         text.vocab_size = (len(tokenizer) + 7) // 8 * 8
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             setattr(text, key, getattr(tokenizer, key, None))
     text.vocab_size = max(text.vocab_size or 0, (len(tokenizer) + 7) // 8 * 8)
+    return mixed
+
+
+def _built(auto: str, tiny, processing, generation, described: dict, name: str, seed: int,
+           trust_remote_code: bool) -> StandIn:
+    """The random model of config ``tiny`` (transformers' ``auto`` class), seeded."""
+    import torch
+    import transformers
 
     torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        model = getattr(transformers, auto).from_config(tiny, dtype=torch.float32,
+                                                        trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise ModelLoadError(f"model.name: the smoke test could not build a tiny model from the config of "
                              f"{name!r} ({first_line(exc)}).") from None
     described["model_type"] = tiny.model_type
     described["parameters"] = sum(p.numel() for p in model.parameters())
-    return StandIn(model, tokenizer, generation, described)
+    return StandIn(model, processing, generation, described)
 
 
 def _attempt(load: Callable):
@@ -176,19 +374,52 @@ def _attempt(load: Callable):
         return None, first_line(exc)
 
 
-def family_from_name(name: str) -> str | None:
+def _earliest(name: str, words: dict):
+    """(word, value) of the ``words`` entry found earliest in ``name`` (case-insensitive), or None."""
     lowered = name.lower()
-    found = [(lowered.find(word), family) for word, family in FAMILY_WORDS.items() if word in lowered]
-    return min(found)[1] if found else None
+    found = [(lowered.find(word), word) for word in words if word in lowered]
+    return (min(found)[1], words[min(found)[1]]) if found else None
 
 
-def shrink(config) -> tuple[object, list[str]]:
+def family_from_name(name: str) -> str | None:
+    found = _earliest(name, FAMILY_WORDS)
+    return found[1] if found else None
+
+
+def shrink(config, sizes: VisionFamily | None = None) -> tuple[object, list[str]]:
     """A copy of ``config`` at the smoke sizes (never larger than it was), with what changed. The family's own
-    fields (rope scaling, sliding windows, soft-capping, …) stay; per-layer lists are cut to the new depth."""
+    fields (rope scaling, sliding windows, soft-capping, …) stay; per-layer lists are cut to the new depth. A
+    vision-language config's language model (``text_config``) is shrunk as a text model's, and ``sizes`` (its
+    family's) sets its vision tower and the tokens an image becomes, to match the processor ``resized`` makes."""
     values = config.to_dict()
     changed: list[str] = []
     _shrink_dict(values, changed, "")
+    if sizes is not None:
+        _put_all(values, sizes.config, changed, "")
+        if isinstance(values.get("vision_config"), dict):
+            vision = values["vision_config"]
+            _put_all(vision, _tiny_vision(vision, sizes.vision), changed, "vision_config.")
     return type(config).from_dict(values), changed
+
+
+def _tiny_vision(vision: dict, sizes: dict) -> dict:
+    """The family's vision ``sizes`` for the real tower ``vision``: its depth and width never larger than they were
+    (``TINY_VISION``'s keys), its heads dividing its width; its image and patch size exactly the family's, which the
+    re-sized processor's images have."""
+    tiny = dict(sizes)
+    for key in TINY_VISION:
+        if key in tiny and isinstance(vision.get(key), int):
+            tiny[key] = min(vision[key], tiny[key])
+    while "num_attention_heads" in tiny and tiny["hidden_size"] % tiny["num_attention_heads"]:
+        tiny["num_attention_heads"] -= 1
+    return tiny
+
+
+def _put_all(values: dict, settings: dict, changed: list[str], prefix: str) -> None:
+    for key, value in settings.items():
+        if values.get(key) != value:
+            changed.append(f"{prefix}{key} {values.get(key)} -> {value}")
+            values[key] = value
 
 
 def _shrink_dict(values: dict, changed: list[str], prefix: str) -> None:
@@ -226,21 +457,31 @@ def _shrink_dict(values: dict, changed: list[str], prefix: str) -> None:
 
 def adapter_problems(adapter: AdapterSection | None, stand: StandIn, name: str) -> list[Problem]:
     """``adapter.target_modules`` and ``modules_to_save`` must name modules the model has (matched as PEFT does);
-    a real run fails when PEFT finds none, or quietly trains fewer layers when it finds only some. When the stand-in's
-    config is a shipped one (the real config of ``name`` unreadable here), a missing module may be the stand-in's
-    fault rather than the recipe's: the message says so."""
+    a real run fails when PEFT finds none, or quietly trains fewer layers when it finds only some. When the stand-in
+    is not built from the real config of ``name`` (unreadable here, or of a vision-language family ft ships no tiny
+    model of), a missing module may be the stand-in's fault rather than the recipe's: the message says so."""
     if adapter is None or adapter.path:
         return []
     problems = _missing_modules(adapter, stand.model, stand.model_type)
-    if problems and stand.described["config"].startswith("shipped"):
-        family = stand.described["family"]
-        guess = (f" This stand-in is ft's shipped tiny {family} model ({FAMILIES[family]}), chosen from the name "
-                 f"{name!r} because the real config cannot be read here: the real model may be another architecture "
-                 "(a mixture of experts with shared_expert layers, a vision-language model), so these names may be "
-                 f"right. Make its config readable here (`hf download {name} config.json` where the Hub is "
-                 "reachable, then copy the HF cache; or a local model directory) and the stand-in is built from it.")
-        problems = [Problem(p.path, p.message + guess) for p in problems]
-    return problems
+    guess = _may_differ(stand.described, name)
+    return [Problem(p.path, p.message + guess) for p in problems] if guess else problems
+
+
+def _may_differ(described: dict, name: str) -> str:
+    """Why the stand-in's module names may not be the real model's ("" when it is built from the real config)."""
+    family = described["family"]
+    if described.get("fallback"):
+        return (f" This stand-in is ft's generic tiny {family} model ({ASSET_FOLDERS[family]}): ft ships no tiny "
+                f"model of the vision-language family of {name!r}, whose module names may differ (Qwen2-VL's vision "
+                "tower is `visual`, Idefics3's language model `text_model`), so these names may be right; a real run "
+                "fails when PEFT finds none of them in the real model.")
+    if described["config"].startswith("shipped"):
+        return (f" This stand-in is ft's shipped tiny {family} model ({ASSET_FOLDERS[family]}), chosen from the name "
+                f"{name!r} because the real config cannot be read here: the real model may be another architecture "
+                "(a mixture of experts with shared_expert layers, a vision-language model), so these names may be "
+                f"right. Make its config readable here (`hf download {name} config.json` where the Hub is "
+                "reachable, then copy the HF cache; or a local model directory) and the stand-in is built from it.")
+    return ""
 
 
 def _missing_modules(adapter: AdapterSection, model, model_type: str) -> list[Problem]:
