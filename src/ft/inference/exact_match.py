@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..data.rows import SOURCE, BadRows, DataError
+from ..model.loading import text_tokenizer
 
 EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 
@@ -26,23 +27,27 @@ EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 class HeldOut:
     prompt: str | list  # text, or a list of {role, content} messages
     answer: str
+    images: tuple[str, ...] = ()  # a vision-language model's row: its images' paths (or URLs), in the prompt's order
 
 
 def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
-                examples: int = EXAMPLES) -> dict:
+                examples: int = EXAMPLES, sizing=None) -> dict:
     """The share of ``rows`` (``HeldOut`` or ``{"prompt", "answer"}``) whose greedy answer equals the expected one:
     ``{"exact_match": fraction, "n": count, "ended_turn": fraction, "examples": [{"prompt", "expected", "got"}, …]}``
     (the examples are the first rows, right or wrong). ``ended_turn`` is the share of answers that stopped on an
     end-of-sequence (or pad) token within ``max_new_tokens``: a model that learned to stop ends its answer itself;
-    one that rambles is cut off by the budget, and its answer is compared only up to there."""
+    one that rambles is cut off by the budget, and its answer is compared only up to there. ``tokenizer`` may be a
+    vision-language model's processor: rows with images are handed to it with their images, read and sized as
+    training reads them (``sizing``: ``data.image``)."""
     import torch
 
     from .generate import Sampling, generation_config
 
     rows = [row if isinstance(row, HeldOut) else HeldOut(row["prompt"], str(row["answer"])) for row in rows]
-    config = generation_config(model, tokenizer, Sampling(max_new_tokens=max_new_tokens))
-    stops = set(config.eos_token_id) | ({tokenizer.pad_token_id} - {None})
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # generation continues every row at its end
+    text_side = text_tokenizer(tokenizer)
+    config = generation_config(model, text_side, Sampling(max_new_tokens=max_new_tokens))
+    stops = set(config.eos_token_id) | ({text_side.pad_token_id} - {None})
+    side, text_side.padding_side = text_side.padding_side, "left"  # generation continues every row at its end
     was_training = model.training
     model.eval()
     answers: list[str] = []
@@ -52,17 +57,19 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
             batch = rows[start:start + batch_size]
             texts = [_rendered(tokenizer, row.prompt) for row in batch]
             templated = isinstance(batch[0].prompt, list)  # a rendered template holds its special tokens
-            encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not templated)
-            encoded = encoded.to(model.device)
+            encoded = tokenizer(text=texts, return_tensors="pt", padding=True, add_special_tokens=not templated,
+                                **_pictures(batch, sizing)).to(model.device)
+            if "pixel_values" in encoded:  # the processor's float32 pixels, in the model's dtype
+                encoded["pixel_values"] = encoded["pixel_values"].to(model.dtype)
             with torch.no_grad():
                 output = model.generate(**encoded, generation_config=config)
             for ids in output[:, encoded["input_ids"].shape[1]:].tolist():
                 end = next((i for i, token in enumerate(ids) if token in stops), None)
                 ended += end is not None
                 kept = ids[:end]
-                answers.append(tokenizer.decode(kept, skip_special_tokens=True))
+                answers.append(text_side.decode(kept, skip_special_tokens=True))
     finally:
-        tokenizer.padding_side = side
+        text_side.padding_side = side
         model.train(was_training)
     right = [got.strip() == row.answer.strip() for row, got in zip(rows, answers, strict=True)]
     return {"exact_match": round(sum(right) / len(rows), 4) if rows else None, "n": len(rows),
@@ -71,10 +78,11 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
                          for row, got in zip(rows[:examples], answers, strict=False)]}
 
 
-def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
+def held_out_rows(recipe, n: int | None = None, images: bool = False) -> list[HeldOut]:
     """The first ``n`` held-out rows of ``recipe`` for ``data.eval_exact_match``: its ``source`` when set, else the
     recipe's evaluation data (its ``data.eval`` sources, or the rows ``split_ratio`` holds out). Raises DataError
-    when there are none. Each row is read by its own source's format (rows keep their source's index)."""
+    when there are none. Each row is read by its own source's format (rows keep their source's index). ``images``:
+    read for a vision-language model, each row with its images (checked as training checks them)."""
     from ..data.build import read_splits
     from ..data.formats import FORMATS
 
@@ -82,12 +90,12 @@ def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
     field = settings.field if settings is not None else "answer"
     if settings is not None and settings.source is not None:
         key, sources = "data.eval_exact_match.source", [settings.source]
-        dataset = _rows(recipe, sources, [key])
+        dataset = _rows(recipe, sources, [key], images)
     elif recipe.data.eval_sources:
         key, sources = "data.eval", recipe.data.eval_sources
-        dataset = _rows(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))])
+        dataset = _rows(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))], images)
     elif recipe.data.has_eval:  # split_ratio: the training rows it holds out
-        key, sources, dataset = "data.eval", recipe.data.train, read_splits(recipe, _quiet)[1]
+        key, sources, dataset = "data.eval", recipe.data.train, read_splits(recipe, _quiet, images)[1]
     else:
         raise DataError("data.eval_exact_match: the recipe has no held-out data to score; give `data.eval` or "
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
@@ -96,7 +104,7 @@ def held_out_rows(recipe, n: int | None = None) -> list[HeldOut]:
     for row in dataset:
         held = formats[row[SOURCE]].prompt_and_answer(row, field)
         if held is not None:
-            rows.append(HeldOut(*held))
+            rows.append(HeldOut(*held, images=tuple(row.get("images") or ())))
             if n is not None and len(rows) == n:
                 break
     if not rows:
@@ -145,7 +153,7 @@ def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
     result = exact_match(model, trainer.processing_class, rows, max_new_tokens=settings.max_new_tokens,
-                         batch_size=settings.batch_size, examples=len(rows))
+                         batch_size=settings.batch_size, examples=len(rows), sizing=recipe.data.image)
     result["answers"], result["examples"] = result["examples"], result["examples"][:EXAMPLES]
     say(report_line(result, when))
     return result
@@ -171,7 +179,7 @@ def write_answers(path, after: dict, before: list[dict] | None) -> None:
     write_whole(Path(path), "".join(lines))
 
 
-def _rows(recipe, sources, keys: list[str]):
+def _rows(recipe, sources, keys: list[str], images: bool = False):
     """The canonical rows of ``sources`` (``data.eval`` or the setting's own, named by ``keys`` in errors), read as
     ``ft train`` reads them."""
     import datasets
@@ -181,10 +189,20 @@ def _rows(recipe, sources, keys: list[str]):
     shown = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # a re-read of a few hundred rows: its bars would only interrupt the report
     try:
-        return read_sources(recipe, sources, keys, BadRows())
+        return read_sources(recipe, sources, keys, BadRows(), images)
     finally:
         if shown:
             datasets.enable_progress_bars()
+
+
+def _pictures(batch: Sequence[HeldOut], sizing) -> dict:
+    """The processor's ``images`` argument for a batch of rows with images (each row's list, decoded and sized as
+    training reads them: ``ft.data.images.load_image``); nothing for rows without."""
+    if not any(row.images for row in batch):
+        return {}
+    from ..data.images import load_image
+
+    return {"images": [[load_image(ref, sizing) for ref in row.images] for row in batch]}
 
 
 def _rendered(tokenizer, prompt) -> str:
@@ -197,7 +215,8 @@ def _shown(prompt) -> str:
     """The last user message of a conversational prompt, or the text prompt."""
     if isinstance(prompt, str):
         return prompt
-    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+    content = next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+    return content if isinstance(content, str) else "".join(part.get("text") or "" for part in content)
 
 
 def _quiet(_message: str) -> None:

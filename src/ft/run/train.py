@@ -205,7 +205,9 @@ def _score_before_training(run: _Run) -> None:
     """With ``data.eval_exact_match``: its rows read now (a source without answers fails before training), and the
     baseline scored as the trained model will be (not on a resume: its loaded weights are not its start)."""
     settings = run.recipe.data.eval_exact_match
-    run.held_out = exact_match.held_out_rows(run.recipe, settings.n) if run.main and settings is not None else None
+    seeing = getattr(run.trainer.processing_class, "image_processor", None) is not None  # a VLM: rows keep images
+    run.held_out = exact_match.held_out_rows(run.recipe, settings.n, seeing) \
+        if run.main and settings is not None else None
     baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.say) \
         if not run.resume_from else None
     run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
