@@ -194,6 +194,20 @@ def test_grpo_generates_from_prompt_images_and_its_rewards_receive_them(tmp_path
     assert _first(other, "entropy") != _first(first, "entropy")
 
 
+def test_grpo_with_images_skips_the_memory_preflight_saying_why(tmp_path, tiny_llava):
+    """The memory preflight rehearses a policy batch of token ids, which would leave a prompt's images out (and read
+    its text as an image path through the processor): with prompt images it is skipped, said, and training runs."""
+    _rewards_module(tmp_path, "grpo_preflight_rewards")
+    grpo = {"num_generations": 4, "max_completion_length": 4, "rewards": [{"fn": "grpo_preflight_rewards:width"}]}
+    pics = _squares(tmp_path / "data" / "pics", 4)
+    path = _recipe(tmp_path, tiny_llava, "grpo", [_asked(image, i) for i, image in enumerate(pics)], grpo=grpo,
+                   train={"preflight": True, "max_steps": 1})
+    said: list[str] = []
+    result = ft.run.train.train(load_recipe(path), resume="never", say=said.append)
+    assert result.summary["status"] == "completed", result.summary
+    assert any(line.startswith("preflight: memory: skipped (the prompts hold images") for line in said), said
+
+
 def test_grpo_refuses_prompts_with_and_without_images_together(tmp_path, tiny_llava):
     """TRL's GRPOTrainer fails on a batch where one prompt has images and another none; ft names the split instead."""
     _rewards_module(tmp_path, "grpo_mixed_rewards")

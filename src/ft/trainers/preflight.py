@@ -107,6 +107,10 @@ def run_preflight(trainer, model, step: Callable, settings: PreflightSettings) -
     result goes into summary.json's ``preflight``. Raises PreflightOutOfMemory when it does not fit."""
     import torch
 
+    if settings.completion_length is not None and "images" in (trainer.train_dataset.column_names or ()):
+        settings.say("preflight: memory: skipped (the prompts hold images, which the policy's rehearsed batch of "
+                     "token ids would leave out; ft plan estimates their tokens)")
+        return None
     if settings.completion_length is not None:
         batch = _generated_batch(trainer, settings.completion_length)
         step = _policy_step(trainer)
