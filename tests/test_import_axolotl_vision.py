@@ -186,7 +186,7 @@ def test_the_keys_axolotl_needs_for_image_rows_are_what_ft_does(tmp_path):
     for key in ("skip_prepare_dataset", "remove_unused_columns", "sample_packing"):
         assert status(result, key) == CARRIED and result.ledger.entries[key].same, key
     assert "image's tokens" in why(result, "skip_prepare_dataset")
-    assert "Image feature" in why(result, "datasets.0.type")  # images stored in a dataset are not read yet
+    assert "Image values" in why(result, "datasets.0.type")  # images stored in a dataset: TRL's layout, read
     (tmp_path / "text").mkdir()
     _, text = imported(tmp_path / "text", {**BASE, "skip_prepare_dataset": True})
     assert status(text, "skip_prepare_dataset") == NOT_CARRIED  # a text config: unchanged

@@ -6,6 +6,7 @@ on coloured squares. Real transformers processors and models, built here from th
 from __future__ import annotations
 
 import base64
+import importlib.resources
 import io
 import json
 import re
@@ -312,6 +313,30 @@ def test_smolvlm_masks_token_by_token_with_its_own_template_and_tiled_images(tmp
     assert not image_like & {t for t in labels if t != IGNORE_INDEX}
 
 
+def test_gemma3_masks_token_by_token_with_its_own_template(tmp_path):
+    """Gemma 3's own template (the shipped tiny Gemma 3 processor holds it: a system prompt folded into the first user
+    turn, `model` as the assistant's role, contents trimmed) and its processor, which writes an image as
+    `<start_of_image>`, its soft tokens and `<end_of_image>` between blank lines: the answers and their `<end_of_turn>`
+    train, no image token and nothing of the prompt does."""
+    processor = AutoProcessor.from_pretrained(Path(str(importlib.resources.files("ft.smoke") / "assets" /
+                                                       "tiny-gemma3")))
+    template = processor.chat_template
+    paths = [str(_square(tmp_path / "r.png", "red")), str(_square(tmp_path / "b.png", "blue", (40, 24)))]
+    messages = _two_turns("Red", "Blue, I think.")
+    out = _tokenized(processor, [(messages, paths)], template)
+    tokenizer = processor.tokenizer
+    text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template)
+    own = processor(text=text, images=[[Image.open(p) for p in paths]], add_special_tokens=False)["input_ids"][0]
+    ids, labels = out["input_ids"][0].tolist(), out["labels"][0].tolist()
+    soft = tokenizer.convert_tokens_to_ids("<image_soft_token>")  # what the model puts an image's features on
+    assert ids == own and ids.count(processor.image_token_id) == 2 and ids.count(soft) == 2 * processor.image_seq_length
+    opener = tokenizer("<start_of_turn>model\n", add_special_tokens=False)["input_ids"]
+    assert labels == _between(ids, opener, tokenizer.convert_tokens_to_ids("<end_of_turn>"))
+    assert tokenizer.decode([t for t in labels if t != IGNORE_INDEX]) == "Red<end_of_turn>Blue, I think.<end_of_turn>"
+    image_like = {tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>")} | {soft}
+    assert not image_like & {t for t in labels if t != IGNORE_INDEX}
+
+
 # --- 3. the checks before training ----------------------------------------------------------------------------------
 
 
@@ -452,6 +477,11 @@ def test_ft_train_learns_the_colours_of_squares_and_final_holds_the_processor(tm
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"loss ([0-9.]+)  lr", result.stdout + result.stderr)]
     assert len(losses) == 6 and losses[-1] < losses[0] * 0.7, losses
+    # each picture is 4 tokens of the image token (16x16 pixels in 8x8 patches), counted in the preflight and summary
+    images = json.loads((tmp_path / "out" / "summary.json").read_text())["data"]["train_images"]
+    rows = 32
+    assert images["images"] == images["rows_with_images"] == rows and images["image_tokens"] == 4 * rows, images
+    assert f"preflight: images: train: {rows} images in {rows} of {rows} rows, {4 * rows} image tokens" in result.stderr
     final = tmp_path / "out" / "final"
     processor = AutoProcessor.from_pretrained(final)
     assert isinstance(processor, transformers.LlavaProcessor) and processor.chat_template == CHATML_IMAGES

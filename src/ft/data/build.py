@@ -22,7 +22,7 @@ from ..recipe.methods import METHODS
 from ..recipe.rules import check_modality
 from . import cache
 from .formats import FORMATS, normalize
-from .images import ImageTokens
+from .images import ImageTokens, stored_images_folder
 from .labels import IGNORE_INDEX
 from .rows import ROW, SHOWN, SOURCE, BadRows, DataError, locate
 from .sources import mix, read_source, source_counts, split_off, weighted
@@ -31,6 +31,7 @@ from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_arrays
 
 FLAGS = ("ft_truncated", "ft_too_long", "ft_no_loss")
 IMAGE_FLAGS = ("ft_image_mismatch", "ft_cut_image")  # a vision row's checks (ft.data.tokenize)
+IMAGE_STATS = ("ft_image_tokens",)  # what a vision row's images take (ft.data.tokenize), counted then dropped
 WARN_SHARE = 0.01  # above this share of rows or of trained tokens cut by max_length, ft warns
 
 
@@ -130,12 +131,15 @@ def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
 def read_sources(recipe: Recipe, sources: list[DataSource], keys: list[str], report: BadRows, images: bool = False):
     """The canonical rows of ``sources`` (named by ``keys``, ``data.train.0``, … in errors), read, normalized and mixed
     as ``ft train`` reads them, with the recipe's seed and ``on_bad_row``; skipped rows are counted in ``report``.
-    ``images``: read for a vision-language model (chats keep their images). None without sources."""
+    ``images``: read for a vision-language model (chats keep their images; those stored inside a dataset are written
+    beside ``data.prepared_path`` when the rows are prepared there, ``stored_images_folder``). None without sources."""
     data = recipe.data
+    stored = stored_images_folder(data.prepared_path if METHODS[recipe.method].ft_tokenizes else None)
     parts = []
     for key, source in zip(keys, sources, strict=True):
         raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
-        parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report, images=images))
+        parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report, images=images,
+                               stored=stored))
     return mix(parts, keys) if parts else None
 
 
@@ -203,6 +207,11 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say, images: Ima
         if any(counts.values()):
             say(f"data: {name}: " + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in counts.items()))
         stats.update({f"{name}_{key}": value for key, value in checks.items() if key != "example"})
+        if seeing is not None:
+            pictured = checks["images"]
+            say(f"preflight: images: {name}: {pictured['images']} images in {pictured['rows_with_images']} of "
+                f"{len(out[name])} rows, {pictured['image_tokens']} image tokens ({pictured['image_token_share']:.1%} "
+                "of the tokens)")
         warned = _say_cut(checks, settings, name, say)
         warned = _check_stops(checks, recipe, dataset, tokenizer, settings, name, say) or warned
         if name == "train" and not warned and checks["turns_trained"]:  # the preflight's data line, when all is well
@@ -278,7 +287,11 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     full = checks.pop("trained_tokens_full")
     checks["trained_tokens_cut"] = full - _count(_column(tokenized, "ft_trained"))
     checks["trained_tokens_cut_share"] = round(checks["trained_tokens_cut"] / full, 4) if full else 0.0
-    tokenized = tokenized.remove_columns([*FLAGS, *STATS, *(IMAGE_FLAGS if seeing is not None else ())])
+    columns = [*FLAGS, *STATS]
+    if seeing is not None:
+        checks["images"] = seeing.counted(tokenized)
+        columns += [*IMAGE_FLAGS, *IMAGE_STATS]
+    tokenized = tokenized.remove_columns(columns)
     if length_column != "length":
         tokenized = tokenized.rename_column("length", length_column)
     return tokenized, counts, checks
@@ -387,7 +400,8 @@ def _features(images: bool = False):
     vision-language model's rows, with their images' paths and checks."""
     from datasets import Features, Sequence, Value
 
-    seeing = {"images": Sequence(Value("string")), **{flag: Value("bool") for flag in IMAGE_FLAGS}} if images else {}
+    seeing = {"images": Sequence(Value("string")), **{flag: Value("bool") for flag in IMAGE_FLAGS},
+              **{column: Value("int32") for column in IMAGE_STATS}} if images else {}
     return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
                      "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS},
                      **{column: Value("int32") for column in STATS}, SOURCE: Value("int32"), **seeing})
@@ -442,6 +456,14 @@ class _Seeing:
         self.say(f"data: {name}: skipped {len(rows)} rows whose image placeholders and images disagree (image_count)")
         at = np.flatnonzero(~bad)
         return tokenized.select(at), at
+
+    def counted(self, tokenized) -> dict:
+        """What the images of a split's kept rows amount to (summary.json's ``data.<split>_images``): how many, in how
+        many rows, and the tokens they take (each image's whole expansion), with their share of all the tokens."""
+        per_row = pc.list_value_length(_column(tokenized, "images"))
+        image_tokens, total = _count(_column(tokenized, "ft_image_tokens")), _count(_column(tokenized, "length"))
+        return {"images": _count(per_row), "rows_with_images": _count(pc.greater(per_row, 0)),
+                "image_tokens": image_tokens, "image_token_share": round(image_tokens / total, 4) if total else 0.0}
 
     def _disagree(self, row: dict) -> str:
         held = sum(token == self.tokens.id for token in row["input_ids"])

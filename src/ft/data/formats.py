@@ -17,7 +17,9 @@ Canonical layouts (what TRL's trainers read):
   of parts, ``{"type": "text", "text": …}`` or ``{"type": "image", "text": None}``, and ``images``: the images' paths
   (or URLs), resolved and checked, in the order of their parts. Images come as content parts (``{"type": "image",
   "image": PATH_OR_URL}``, OpenAI's ``{"type": "image_url", …}``) or as an ``images`` column whose paths fill the
-  ``<image>`` placeholders of the messages' text in order (LLaMA-Factory's layout);
+  ``<image>`` placeholders of the messages' text in order (LLaMA-Factory's layout), or whose images, stored in the
+  dataset (an ``Image`` feature), fill the image parts that hold none (``{"type": "image"}``, or with an ``index``:
+  TRL's layout); a stored image is written to a file of its own (``ImageSource.stored``) and named by its path;
 - ``text`` -> ``prompt`` and ``completion`` (a plain ``text`` field becomes prompt ``""``);
 - ``preference`` -> ``prompt``, ``chosen``, ``rejected``: all text or all lists of messages;
 - ``prompt`` -> ``prompt`` (text or messages) plus every other field of the row, for GRPO reward functions;
@@ -33,11 +35,13 @@ source's role -> canonical role) renames roles. A row that does not fit raises `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import datasets
@@ -333,7 +337,7 @@ def _is_text(feature) -> bool:
 
 
 def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad_row: str,
-              report: BadRows, images: bool = False) -> datasets.Dataset:
+              report: BadRows, images: bool = False, stored: Path | None = None) -> datasets.Dataset:
     """``dataset`` (from ``read_source``) in its format's canonical columns, then ``__ft_row``.
 
     Bad rows raise one DataError listing the first few (``on_bad_row="error"``), or are dropped and
@@ -342,30 +346,29 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
 
     ``images``: the model reads images (a vision-language model): a chat's (or a prompt's) contents become lists of
     parts and its images a column of checked paths (``Names.images``), for every format that holds images
-    (``Format.holds_images``).
+    (``Format.holds_images``). Images stored inside the dataset (an ``Image`` feature) are read undecoded, a few rows
+    at a time (``_Undecoded``), and written to files in ``stored`` (``ImageSource.stored``; default
+    ``stored_images_folder(None)``): the canonical rows name every image by reference.
     """
     report.rekey(source.path, key)
     fmt = FORMATS[source.format]
     seeing = images and fmt.holds_images
-    names = Names(source.fields, source.roles, ImageSource.of(source.path) if seeing else None)
+    names = Names(source.fields, source.roles, ImageSource.of(source.path, stored) if seeing else None)
     if ROW not in dataset.column_names:
         dataset = dataset.add_column(ROW, list(range(len(dataset))))
     fast = fmt.columnar(dataset, names)
     if fast is not None:
         return fast
     columns = fmt.output_columns(dataset.column_names, names) + (["images"] if seeing else [])
-    encoded = _json_columns(dataset)
-    kinds, features = _layout(dataset, fmt, names, columns, encoded)
+    rows = _Undecoded.of(dataset, _json_columns(dataset))
+    kinds, features = _layout(rows, fmt, names, columns)
     as_json = {name for name in columns if features is not None and isinstance(features[name], datasets.Json)}
     counts: Counter = Counter()
     shown: list[tuple[int, RowError]] = []
 
     def convert(batch):
         out: dict[str, list] = {name: [] for name in (*columns, ROW)}
-        for name in encoded:
-            batch[name] = [None if text is None else json.loads(text) for text in batch[name]]
-        for values in zip(*batch.values(), strict=True):
-            row = dict(zip(batch.keys(), values, strict=True))
+        for row in rows.read(batch):
             try:
                 converted = _converted(fmt, row, names)
                 _check_kinds(converted, fmt.columns, kinds, names)
@@ -380,10 +383,13 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
             out[ROW].append(row[ROW])
         return out
 
-    # convert() counts bad rows as it runs, so it must run: no cache reuse, and an explicit fingerprint
-    shaped = [dataset._fingerprint, source.model_dump(), "ft.normalize/1"] + (["images"] if seeing else [])
-    result = dataset.map(convert, batched=True, remove_columns=dataset.column_names, load_from_cache_file=False,
-                         features=features, desc=f"formatting {key}", new_fingerprint=Hasher.hash(shaped))
+    # convert() counts bad rows as it runs, so it must run: no cache reuse, and an explicit fingerprint (with the
+    # folder stored images are written to, which the rows name: what is cached from them must not outlive a move)
+    shaped = [dataset._fingerprint, source.model_dump(), "ft.normalize/1"] + (
+        ["images", str(names.images.store)] if seeing else [])
+    result = rows.dataset.map(convert, batched=True, batch_size=rows.batch, remove_columns=dataset.column_names,
+                              load_from_cache_file=False, features=features, desc=f"formatting {key}",
+                              new_fingerprint=Hasher.hash(shaped)).with_format(dataset.format["type"])
     total = sum(counts.values())
     if total and on_bad_row == "error":
         raise bad_rows_error(key, source, shown, total)
@@ -411,12 +417,64 @@ def _json_columns(dataset: datasets.Dataset) -> list[str]:
             if isinstance(feature, datasets.Json) and not feature.decode]
 
 
-def _layout(dataset: datasets.Dataset, fmt: Format, names: Names, columns: list[str], encoded: list[str]):
+IMAGE_ROWS = 8  # rows of a dataset with stored images converted together: memory holds their images' bytes
+
+
+@dataclass(frozen=True)
+class _Undecoded:
+    """A source's rows as ``normalize`` reads them: every value as stored, images included. ``datasets`` decodes an
+    ``Image`` feature into a PIL image as a row is read; ft wants the stored bytes (``ImageSource.stored`` writes them
+    as they are, decoded once to check them), so the rows are read as Arrow (``dataset``) and turned into Python with
+    the features' ``Image`` set to ``decode=False`` (``features``: ``{"bytes", "path"}``), as ``cast_column(…,
+    Image(decode=False))`` would give them, without the copy of the whole dataset that cast writes for an ``Image``
+    inside a list. ``encoded``: the columns holding JSON text (``_json_columns``), decoded with Python's ``json``.
+    ``batch``: the rows read together (``IMAGE_ROWS`` when the rows hold images)."""
+
+    dataset: datasets.Dataset
+    features: datasets.Features
+    encoded: tuple[str, ...]
+    batch: int
+
+    @classmethod
+    def of(cls, dataset: datasets.Dataset, encoded: list[str]) -> _Undecoded:
+        features, images = _undecoded(dataset.features)
+        return cls(dataset.with_format("arrow"), features, tuple(encoded), IMAGE_ROWS if images else 1000)
+
+    def read(self, table: pa.Table) -> list[Row]:
+        """The rows of an Arrow batch of ``dataset``, as Python values."""
+        batch = self.features.decode_batch(table.to_pydict())
+        for name in self.encoded:
+            batch[name] = [None if text is None else json.loads(text) for text in batch[name]]
+        return [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+
+    def __iter__(self):
+        for table in self.dataset.iter(batch_size=self.batch):
+            yield from self.read(table)
+
+
+def _undecoded(feature) -> tuple[object, bool]:
+    """(``feature`` with every ``datasets.Image`` in it, at any depth, set to ``decode=False``; whether it holds
+    one)."""
+    if isinstance(feature, datasets.Image):
+        return dataclasses.replace(feature, decode=False), True
+    if isinstance(feature, dict):  # Features, or a struct's fields
+        read = {name: _undecoded(value) for name, value in feature.items()}
+        return type(feature)({name: value for name, (value, _) in read.items()}), any(f for _, f in read.values())
+    if isinstance(feature, (datasets.List, datasets.LargeList)):
+        inner, found = _undecoded(feature.feature)
+        return dataclasses.replace(feature, feature=inner), found
+    if isinstance(feature, (list, tuple)):
+        inner, found = _undecoded(feature[0])
+        return [inner], found
+    return feature, False
+
+
+def _layout(rows: _Undecoded, fmt: Format, names: Names, columns: list[str]):
     """(kinds, features) from the first good row: per canonical column whether it holds messages, and the output
     features (extra columns as in the source; a JSON-text one becomes ``Json``, which its consumers decode); (None,
     None) when no row is good."""
-    for row in dataset:
-        row = {**row, **{name: None if row[name] is None else json.loads(row[name]) for name in encoded}}
+    dataset = rows.dataset
+    for row in rows:
         try:
             converted = _converted(fmt, row, names)
         except RowError:
@@ -490,14 +548,16 @@ IMAGE_PART = {"type": "image", "text": None}  # an image's place in a canonical 
 def _seeing_chat(row: Row, names: Names, field: str) -> Row:
     """The canonical row of a chat for a vision-language model: every content a list of text and image parts, and
     ``images``, the paths (or URLs) of its images in the order of their parts, each resolved against the data file's
-    folder and read once (``ImageSource.check``). Images are given one of two ways: as content parts, each with its
-    own path, or (LLaMA-Factory's layout) as an ``images`` column whose paths fill the ``<image>`` placeholders of
-    the messages' text, in order; a row whose placeholders and paths differ in number is bad (``image_count``)."""
+    folder and read once (``ImageSource.take``). Images are given one of two ways: as content parts, each with its
+    own image, or as an ``images`` column whose images fill the messages' image places in order: the ``<image>``
+    placeholders of their text (LLaMA-Factory's layout) and their image parts without an image of their own (TRL's
+    layout, ``{"type": "image"}``, each taking the next image or the one its ``index`` names; the column then holds
+    the images themselves, as a dataset's ``Image`` feature stores them). A row whose places and images differ in
+    number is bad (``image_count``)."""
     value = value_of(row, field, list)
     listed = _listed_images(row, names("images"))
-    messages, refs = _parts_messages(value, names, field, listed)
-    if listed is not None:
-        refs = _listed_refs(messages, listed, names)
+    messages, found = _parts_messages(value, names, field, listed)
+    refs = found if listed is None else _listed_refs(found, listed, names)
     _needs_assistant(messages, field)
     return {"messages": messages, "images": refs}
 
@@ -505,10 +565,11 @@ def _seeing_chat(row: Row, names: Names, field: str) -> Row:
 def _seeing_prompted(row: Row, names: Names, answers: Mapping[str, str]) -> Row:
     """The prompt, the ``answers`` (canonical name -> the reason it is bad when empty: a preference row's ``chosen``
     and ``rejected``, none for a prompt row) and ``images`` of a row read for a vision-language model. The prompt
-    takes its images as a chat does (content parts, or the ``images`` column's paths in its ``<image>`` placeholders,
-    each checked); lists of messages become lists of parts. TRL's DPO, KTO, GRPO and RLOO trainers put a row's images
-    into its prompt's messages alone, so an image in an answer, or images beside a prompt given as text (no chat
-    template renders it, so nothing writes the model's image token), make the row bad (``image_place``)."""
+    takes its images as a chat does (content parts, or the ``images`` column's images in its image places: ``<image>``
+    placeholders and image parts without an image, each checked); lists of messages become lists of parts. TRL's DPO,
+    KTO, GRPO and RLOO trainers put a row's images into its prompt's messages alone, so an image in an answer, or
+    images beside a prompt given as text (no chat template renders it, so nothing writes the model's image token),
+    make the row bad (``image_place``)."""
     listed, column = _listed_images(row, names("images")), names("images")
     field = names("prompt")
     prompt = value_of(row, field, (str, list))
@@ -516,9 +577,8 @@ def _seeing_prompted(row: Row, names: Names, answers: Mapping[str, str]) -> Row:
         raise RowError("empty_content", "is empty", field)
     refs: list[str] = []
     if isinstance(prompt, list):
-        prompt, refs = _parts_messages(prompt, names, field, listed)
-        if listed is not None:
-            refs = _listed_refs(prompt, listed, names)
+        prompt, found = _parts_messages(prompt, names, field, listed)
+        refs = found if listed is None else _listed_refs(found, listed, names)
     elif listed:
         raise RowError("image_place", f"`{column}` lists images and the prompt is text; images go in a prompt given "
                        "as a list of messages (the chat template writes the model's image token where each one goes):"
@@ -534,16 +594,30 @@ def _seeing_prompted(row: Row, names: Names, answers: Mapping[str, str]) -> Row:
     return {**out, "images": refs}
 
 
-def _parts_messages(value: list, names: Names, field: str, listed: list[str] | None,
-                    answer: bool = False) -> tuple[list[dict], list[str]]:
-    """(the messages of ``field``, each content a list of text and image parts; the paths of their image parts, each
-    checked as it is met). ``listed``: the row's ``images`` column, whose images fill the ``<image>`` placeholders of
-    the text instead, so an image part is refused (``image_count``). ``answer``: the messages are a preference row's
-    answer, which holds no image (``image_place``)."""
+@dataclass(frozen=True)
+class _Place:
+    """Where one image of a row's ``images`` column goes in its messages: ``at`` (``messages[i].content[j]``);
+    ``part``: an image part without an image of its own (TRL's layout), else an ``<image>`` placeholder of the text;
+    ``index``: the position in the column of the image the part names (``{"type": "image", "index": 0}``), or None:
+    the image at the place's own position."""
+
+    at: str
+    part: bool = False
+    index: int | None = None
+
+
+def _parts_messages(value: list, names: Names, field: str, listed: list | None,
+                    answer: bool = False) -> tuple[list[dict], list]:
+    """(the messages of ``field``, each content a list of text and image parts; their images in order). The images
+    are, without an ``images`` column (``listed`` None), the references of the image parts, each checked as it is
+    met; with one, the ``_Place`` of each image: each ``<image>`` placeholder of the text and each image part without
+    an image of its own (``{"type": "image"}``), which ``_listed_refs`` fills from the column; an image part with its
+    own image is then refused (``image_count``: a row gives its images one way). ``answer``: the messages are a
+    preference row's answer, which holds no image (``image_place``)."""
     if not value:
         raise RowError("empty_chat", "has no messages", field)
     source, content_key, column = names.images, names("content"), names("images")
-    messages, refs = [], []
+    messages, found = [], []
     for i, message in enumerate(value):
         where = f"{field}[{i}]"
         role = _role(message, names, where)
@@ -556,39 +630,83 @@ def _parts_messages(value: list, names: Names, field: str, listed: list[str] | N
                 if text is None:
                     if answer:
                         raise RowError("image_place", _IN_ANSWER, at)
-                    if listed is not None:
-                        raise RowError("image_count", f"an image part in a row that also has an `{column}` list; give "
-                                       "a row's images one way: as parts, or as the list with placeholders", at)
-                    refs.append(source.check(_image_ref(part, at), at))
+                    found.append(_image_of(part, at, source, listed, column))
                     parts.append(dict(IMAGE_PART))
+                elif listed is not None:
+                    placed = _placed(text, source.placeholder)
+                    found += [_Place(at) for p in placed if p["type"] == "image"]
+                    parts += placed
                 else:
-                    parts += _placed(text, source.placeholder) if listed is not None else [_text_part(text)]
+                    parts.append(_text_part(text))
         else:
-            text = value_of(message, content_key, str, f"{where}.{content_key}")
+            at = f"{where}.{content_key}"
+            text = value_of(message, content_key, str, at)
             parts = _placed(text, source.placeholder) if listed is not None else [_text_part(text)]
+            found += [_Place(at) for p in parts if p["type"] == "image"]
         if answer and any(p["type"] == "image" for p in parts):  # a placeholder in an answer's text
             raise RowError("image_place", _IN_ANSWER, f"{where}.{content_key}")
         if role != "system" and not any(p["type"] == "image" or p["text"].strip() for p in parts):
             raise RowError("empty_content", "is empty", f"{where}.{content_key}")
         messages.append({"role": role, "content": parts})
-    return messages, refs
+    return messages, found
+
+
+def _image_of(part: dict, at: str, source: ImageSource, listed: list | None, column: str):
+    """An image part's image: without an ``images`` column, its checked reference (``ImageSource.take``); with one,
+    its ``_Place``, when the part holds no image of its own (TRL's layout)."""
+    image = _image_ref(part)
+    if listed is None:
+        if image is None:
+            raise RowError("missing_field", "an image part without its image (a path or URL under 'image', 'path' or "
+                           f"'url'), in a row with no `{column}` column of images to take it from", at)
+        return source.take(image, at)
+    if image is not None:
+        raise RowError("image_count", f"an image part with its own image in a row that also has an `{column}` list; "
+                       "give a row's images one way: as parts, or as the list with a place for each in the messages",
+                       at)
+    index = part.get("index")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        raise RowError("wrong_type", f"expected the position of an image in `{column}`, got {kind_of(index)}",
+                       f"{at}.index")
+    return _Place(at, part=True, index=index)
 
 
 _IN_ANSWER = ("an image in an answer: TRL's preference trainers read a row's images into its prompt only; move it to "
               "the prompt")
 
 
-def _listed_refs(messages: list[dict], listed: list[str], names: Names) -> list[str]:
-    """The paths of the ``images`` column, checked, once the messages are seen to hold one placeholder for each
-    (``image_count`` otherwise)."""
+def _listed_refs(places: list[_Place], listed: list, names: Names) -> list[str]:
+    """The references of the ``images`` column's images (``ImageSource.take``: a path checked, a stored image written
+    to its file), in the order of their ``places`` in the messages: a place takes the image its ``index`` names, or
+    the one at its own position. Each image goes in exactly one place: places and images that differ in number, an
+    index past the list, or an image no place takes make the row bad (``image_count``)."""
     column, placeholder = names("images"), names.images.placeholder
-    placeholders = sum(p["type"] == "image" for m in messages for p in m["content"])
-    if placeholders != len(listed):
-        raise RowError("image_count", f"the messages hold {placeholders} {placeholder} placeholder"
-                       f"{'' if placeholders == 1 else 's'} and `{column}` lists {len(listed)} image"
-                       f"{'' if len(listed) == 1 else 's'}; each image needs one placeholder where it goes in the "
-                       "text, in the order of the list", column)
-    return [names.images.check(ref, f"{column}[{k}]") for k, ref in enumerate(listed)]
+    if len(places) != len(listed):
+        raise RowError("image_count", f"the messages hold {_places(places, placeholder)} and `{column}` "
+                       f"lists {len(listed)} image{'' if len(listed) == 1 else 's'}; each image needs one place where "
+                       f"it goes in the messages (an {placeholder} placeholder in the text, or an image part "
+                       '{"type": "image"}), in the order of the list', column)
+    order = [k if place.index is None else place.index for k, place in enumerate(places)]
+    for place, k in zip(places, order, strict=True):
+        if not 0 <= k < len(listed):
+            raise RowError("image_count", f"the image part names index {k}, and `{column}` lists {len(listed)} "
+                           f"image{'' if len(listed) == 1 else 's'} (indices from 0)", f"{place.at}.index")
+    unplaced = sorted(set(range(len(listed))) - set(order))
+    if unplaced:
+        raise RowError("image_count", f"no image place in the messages takes `{column}[{unplaced[0]}]` (by their "
+                       f"position or `index`, the places take {order}); each image goes in exactly one place", column)
+    refs = [names.images.take(image, f"{column}[{k}]") for k, image in enumerate(listed)]
+    return [refs[k] for k in order]
+
+
+def _places(places: list[_Place], placeholder: str) -> str:
+    """``2 <image> placeholders``, ``1 image part without an image``, or both: a row's image places, counted."""
+    parts = sum(place.part for place in places)
+    counts = ([f"{len(places) - parts} {placeholder} placeholder{'' if len(places) - parts == 1 else 's'}"]
+              if len(places) > parts or not parts else [])
+    counts += [f"{parts} image part{'' if parts == 1 else 's'} without an image of {'its' if parts == 1 else 'their'} "
+               'own ({"type": "image"})'] if parts else []
+    return " and ".join(counts)
 
 
 def _no_listed_images(row: Row, names: Names) -> None:
@@ -600,17 +718,15 @@ def _no_listed_images(row: Row, names: Names) -> None:
                        names("images"))
 
 
-def _listed_images(row: Row, column: str) -> list[str] | None:
-    """The ``images`` column of a row laid out the LLaMA-Factory way (a list of paths), or None when the row has none
-    (no such column, or a null: its images, if any, are content parts)."""
+def _listed_images(row: Row, column: str) -> list | None:
+    """The ``images`` column of a row (a list of images: paths, as LLaMA-Factory's layout gives them, or the images
+    themselves, as a dataset's ``Image`` feature stores them; one image alone counts as a list of one), or None when
+    the row has none (no such column, or a null: its images, if any, are content parts). Each image is read by
+    ``ImageSource.take``, which names the one it cannot read."""
     listed = row.get(column)
     if listed is None:
         return None
-    if isinstance(listed, str):
-        listed = [listed]
-    if not isinstance(listed, list) or not all(isinstance(ref, str) for ref in listed):
-        raise RowError("wrong_type", f"expected a list of image paths, got {kind_of(listed)}", column)
-    return listed
+    return listed if isinstance(listed, list) else [listed]
 
 
 def _part(part, at: str) -> str | None:
@@ -627,21 +743,15 @@ def _part(part, at: str) -> str | None:
     return value_of(part, "text", str, f"{at}.text")
 
 
-def _image_ref(part: dict, at: str) -> str:
-    """The path or URL of an image part: HF's ``{"type": "image", "image" | "path" | "url": …}`` or OpenAI's
-    ``{"type": "image_url", "image_url": {"url": …}}``."""
+def _image_ref(part: dict):
+    """The image of an image part, or None when it holds none (TRL's layout's ``{"type": "image"}``, whose image is
+    the row's ``images`` column's): HF's ``{"type": "image", "image" | "path" | "url": …}`` or OpenAI's ``{"type":
+    "image_url", "image_url": {"url": …}}``. The image is a reference, or an image stored in the dataset
+    (``ImageSource.take`` reads either)."""
     if part["type"] == "image_url":
         ref = part.get("image_url")
-        ref = ref.get("url") if isinstance(ref, dict) else ref
-        key = "image_url"
-    else:
-        key = next((k for k in ("image", "path", "url") if part.get(k) is not None), "image")
-        ref = part.get(key)
-    if ref is None:
-        raise RowError("missing_field", f"an image part without its image (a path or URL under {key!r})", at)
-    if not isinstance(ref, str) or not ref.strip():
-        raise RowError("wrong_type", f"expected an image path or URL, got {kind_of(ref)}", f"{at}.{key}")
-    return ref
+        return ref.get("url") if isinstance(ref, dict) else ref
+    return next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
 
 
 def _text_part(text: str) -> dict:

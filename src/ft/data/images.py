@@ -9,14 +9,22 @@ runs the processor on them, as TRL's ``DataCollatorForVisionLanguageModeling`` d
 holds one batch of images, whatever the dataset's size.
 
 A row names an image by a path (read relative to its data file), an ``http(s)://`` URL (fetched when the data is
-prepared, to check it, and again for each batch that uses it) or a ``data:`` URI (the image itself, base64).
+prepared, to check it, and again for each batch that uses it) or a ``data:`` URI (the image itself, base64); or it
+holds the image itself, as a dataset with an ``Image`` feature does (TRL's layout: a parquet file, a ``save_to_disk``
+folder, a hub dataset). Such an image is written once to a file named by the sha256 of its bytes
+(``ImageSource.stored``, in ``stored_images_folder``), and the row keeps that file's path: the prepared rows and the
+collator read every image by reference, whatever the row held.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import io
 import math
+import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
@@ -25,11 +33,31 @@ import numpy as np
 
 from ..errors import FtError
 from ..recipe.data_section import ImageSettings
-from .rows import DataError, RowError
+from .rows import DataError, RowError, kind_of
 
 REMOTE = ("http://", "https://")
 URL_SECONDS = 30  # how long a fetch of an image URL may take before the row (or the batch) fails
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height (transposed or turned by 90 degrees)
+STORED = "ft_images"  # the folder, in datasets' cache, of the images stored inside datasets (no data.prepared_path)
+SEEN = 100_000  # images an ImageSource remembers as checked; past that it checks again (memory stays bounded)
+
+
+def stored_images_folder(prepared_path: str | None) -> Path:
+    """Where the images stored inside a dataset are written as files, one per distinct image (its bytes' sha256).
+
+    Beside ``data.prepared_path`` (``<prepared_path>.images``) when the rows are prepared there: the prepared rows
+    name these files, so they live and are moved or deleted with it (``ft.data.cache`` swaps the prepared folder in
+    whole, so they cannot be inside it). Otherwise in ``datasets``' cache (``HF_DATASETS_CACHE/ft_images``), where
+    ``datasets`` keeps its own copy of the dataset (a parquet file's Arrow copy, a hub download) and the rows ft
+    derives from it: the files are cleaned with that cache, shared by every run and recipe that reads the same images
+    (content-addressed, so no run writes another's image twice), and no run's output folder, which ``ft train
+    --overwrite`` deletes, holds images that another run's rows name."""
+    if prepared_path:
+        path = Path(prepared_path)
+        return path.with_name(path.name + ".images")
+    import datasets
+
+    return Path(datasets.config.HF_DATASETS_CACHE) / STORED
 
 
 def _open(ref: str):
@@ -57,17 +85,74 @@ def _first_line(exc: BaseException) -> str:
 class ImageSource:
     """Where the images of one data source are: a relative path is read from ``folder`` (the data file's folder, or a
     saved dataset's own; None for a hub dataset, whose rows must give absolute paths or URLs). ``placeholder`` marks
-    an image in the text of a row laid out with an ``images`` column (LLaMA-Factory's ``<image>``)."""
+    an image in the text of a row laid out with an ``images`` column (LLaMA-Factory's ``<image>``). ``store``: the
+    folder the images a row holds (an ``Image`` feature's bytes) are written to (``stored_images_folder``)."""
 
     folder: Path | None
     placeholder: str = "<image>"
-    _seen: dict = field(default_factory=dict, compare=False, repr=False)  # refs already checked: path -> resolved
+    store: Path | None = None
+    _seen: dict = field(default_factory=dict, compare=False, repr=False)  # checked: ref (or sha256:…) -> resolved
 
     @classmethod
-    def of(cls, path: str) -> ImageSource:
-        """The images of the source at ``path`` (``data.*.path``, resolved against the recipe's folder)."""
+    def of(cls, path: str, store: Path | None = None) -> ImageSource:
+        """The images of the source at ``path`` (``data.*.path``, resolved against the recipe's folder); those stored
+        inside it are written to ``store`` (default: ``stored_images_folder(None)``)."""
         local = Path(path)
-        return cls(local.parent if local.is_file() else local if local.is_dir() else None)
+        return cls(local.parent if local.is_file() else local if local.is_dir() else None,
+                   store=store if store is not None else stored_images_folder(None))
+
+    def take(self, image, where: str) -> str:
+        """The reference a prepared row keeps for ``image`` as a row gives it: a path, URL or data: URI (``check``),
+        or the image itself, as a dataset stores one: ``datasets.Image``'s ``{"bytes", "path"}`` (read undecoded; a
+        path alone when the dataset names its files), raw bytes, or a PIL image (encoded as ``datasets.Image``
+        encodes one), written to a file of its own (``stored``). Anything else makes the row bad (``wrong_type``)."""
+        if isinstance(image, dict):  # datasets.Image's storage: the bytes, or the path alone
+            raw, path = image.get("bytes"), image.get("path")
+            if raw is None and not (isinstance(path, str) and path.strip()):
+                raise RowError("missing_field", "a stored image with neither bytes nor a path", where)
+            image = path if raw is None else raw
+        if isinstance(image, str):
+            if not image.strip():
+                raise RowError("wrong_type", "expected an image path or URL, got empty text", where)
+            return self.check(image, where)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return self.stored(bytes(image), where)
+        from PIL import Image
+
+        if isinstance(image, Image.Image):
+            import datasets
+
+            return self.take(datasets.Image().encode_example(image), where)
+        raise RowError("wrong_type", "expected an image (a path, a URL, a data: URI, or an image stored in the "
+                       f"dataset), got {kind_of(image)}", where)
+
+    def stored(self, raw: bytes, where: str) -> str:
+        """The path of the file that holds the image ``raw`` (its encoded bytes, as a dataset stores them), written
+        once: the file is named by the sha256 of the bytes (``<store>/ab/abcd….png``), so the same image, in any row
+        or any dataset, is one file, and reading the data again writes nothing. The bytes are decoded first: bytes
+        that are not an image make the row bad (``image_unreadable``), and are never written. Written under a
+        temporary name and renamed, so a file that exists is whole, even with several processes writing at once."""
+        digest = hashlib.sha256(raw).hexdigest()
+        seen = f"sha256:{digest}"  # not a reference any row could give (a path, a URL, a data: URI)
+        if seen in self._seen:
+            return self._seen[seen]
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(raw)) as image:
+                kind = (image.format or "img").lower()
+                path = (self.store or stored_images_folder(None)) / digest[:2] / f"{digest}.{kind}"
+                if not path.is_file():  # written only after a whole decode: a file there was checked then
+                    image.load()
+        except Exception as exc:  # PIL's errors, and a decompression bomb: the image cannot be used
+            raise RowError("image_unreadable", f"the image stored in the row ({len(raw)} bytes) cannot be read as an "
+                           f"image ({_first_line(exc)})", where) from None
+        if not path.is_file():
+            _write(raw, path, where)
+        resolved = str(path.resolve())
+        if len(self._seen) < SEEN:
+            self._seen[seen] = resolved
+        return resolved
 
     def check(self, ref: str, where: str) -> str:
         """``ref`` resolved (an absolute path, or the URL), once its image is read whole: a missing file
@@ -93,9 +178,28 @@ class ImageSource:
         except Exception as exc:  # PIL's and urllib's errors, and a decompression bomb: the image cannot be used
             raise RowError("image_unreadable", f"{_shown(ref)} cannot be read as an image ({_first_line(exc)})",
                            where) from None
-        if len(self._seen) < 100_000:  # images shared by many rows are read once; memory stays bounded
+        if len(self._seen) < SEEN:  # images shared by many rows are read once; memory stays bounded
             self._seen[ref] = resolved
         return resolved
+
+
+def _write(raw: bytes, path: Path, where: str) -> None:
+    """``raw`` written to ``path`` under a temporary name, then renamed; a folder that cannot be written (full, read
+    only, not a folder) stops the data's preparation, naming it and the settings that move it."""
+    temporary = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(raw)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise DataError(f"could not write the image stored in a row ({where}) to {path.parent} ({exc.strerror or exc})"
+                        ": ft writes each image stored inside a dataset there once, as the file its prepared rows "
+                        "name. Free space there or make it writable, or move it: it is beside data.prepared_path "
+                        "(`<prepared_path>.images`) when that is set, else the `ft_images` folder of the datasets "
+                        "cache (the HF_DATASETS_CACHE environment variable).") from None
+    finally:
+        with contextlib.suppress(OSError):  # gone once renamed; never made when its folder could not be
+            temporary.unlink(missing_ok=True)
 
 
 def _shown(ref: str) -> str:

@@ -70,7 +70,8 @@ def tokenize_arrays(batch: dict[str, list], tokenizer, settings: TokenizeSetting
     Python loop per token cost more than the tokenizer itself.
 
     Rows with ``images`` (a vision-language model's chats) need ``images``, the model's ``ImageTokens``; they also
-    return ``images`` (the paths of the images left in each row) and the flags ``ft_image_mismatch`` and
+    return ``images`` (the paths of the images left in each row), ``ft_image_tokens`` (the tokens they take: the
+    whole expansion of each, its marks around the image included) and the flags ``ft_image_mismatch`` and
     ``ft_cut_image`` (see the module's docstring)."""
     if settings.truncation not in ("truncate", "drop") or settings.train_on not in ("assistant", "all"):
         raise ValueError(f"bad TokenizeSettings: truncation={settings.truncation!r}, train_on={settings.train_on!r}")
@@ -243,7 +244,7 @@ def _seeing_rows(conversations: list, refs: list, tokenizer, settings: TokenizeS
     enc = tokenizer(texts, add_special_tokens=False)
     eot = end_of_turn(settings.template, tokenizer, parts=True).strip()
     stop = _stop_id(eot, tokenizer)
-    all_ids, all_labels, turns, kept, mismatch, cut_image = [], [], [], [], [], []
+    all_ids, all_labels, turns, kept, mismatch, cut_image, image_tokens = [], [], [], [], [], [], []
     rows = zip(conversations, refs, texts, enc["input_ids"], enc.encodings, strict=True)
     for messages, paths, text, row_ids, encoding in rows:
         ids = np.fromiter(row_ids, dtype=np.int32, count=len(row_ids))
@@ -265,10 +266,11 @@ def _seeing_rows(conversations: list, refs: list, tokenizer, settings: TokenizeS
         cut_image.append(cut and any(a < settings.max_length < b for a, b in spans_of_images))
         kept.append([path for path, (_, end) in zip(paths, spans_of_images, strict=False)
                      if not cut or end <= settings.max_length] if spans_of_images else list(paths))
+        image_tokens.append(sum(end - start for start, end in spans_of_images if not cut or end <= settings.max_length))
         all_ids.append(ids)
         all_labels.append(labels)
     out = _limit(all_ids, all_labels, turns, settings)
-    out.update(images=kept, ft_image_mismatch=mismatch, ft_cut_image=cut_image)
+    out.update(images=kept, ft_image_mismatch=mismatch, ft_cut_image=cut_image, ft_image_tokens=image_tokens)
     return out
 
 

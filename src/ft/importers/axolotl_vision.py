@@ -33,9 +33,9 @@ LM_ONLY = ("ft puts a vision-language model's adapter on its language model only
 NOT_PACKED = ("a vision-language model's rows are never packed in ft (packing joins token ids and would separate the "
               "images from their tokens; Axolotl does not pack them either)")
 IMAGE_ROWS = ("a chat's images are read by path, URL or data: URI (OpenAI's image parts, or an `images` column "
-              "filling <image> placeholders; a relative path from the data file's folder, so a hub dataset's rows "
-              "need absolute paths or URLs); images stored inside a dataset (an Image feature, as in "
-              "HuggingFaceH4/llava-instruct-mix-vsft) are not read yet: save them as files and list their paths "
+              "filling <image> placeholders; a relative path from the data file's folder), or from the dataset "
+              "itself in TRL's layout (bare image parts and an `images` column of Image values, as in "
+              "HuggingFaceH4/llava-instruct-mix-vsft), written once to files as the rows are prepared "
               "(docs/vision.md)")
 TEXT_TEMPLATES = ("ft's built-in chatml and llama3 take text only (they write no image token for an image part); "
                   "the recipe renders with the model's own template, from its processor")
