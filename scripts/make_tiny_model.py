@@ -19,7 +19,7 @@ ft's loss masks of a rendered conversation must hold exactly the assistant answe
 
 A vision-language recipe's smoke run stands in a tiny image-text-to-text model (``ft.smoke.tiny_model.VISION_FAMILIES``,
 whose sizes these assets take): ``VISION_ASSETS`` adds each family's config (its language model at the text sizes, a
-vision tower of 2 layers of width 32 seeing 16–32 pixel images), its processor (image processor, tokenizer with the
+vision tower of 2 layers of width 64 seeing 16–32 pixel images), its processor (image processor, tokenizer with the
 family's image tokens, and a chat template that writes an image part as the family's image token) and generation
 config. Only families whose processors build without torchvision: Idefics3 (SmolVLM), LLaVA (also the generic
 stand-in of other families) and Gemma 3. The chat template is saved as ``chat_template.json``, the package data's

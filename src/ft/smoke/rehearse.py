@@ -299,8 +299,10 @@ def _machine(edits: _Edits, recipe: Recipe) -> None:
     if info.cuda_only:
         alternative = hardware.CPU_ALTERNATIVE.get(name, "adamw_torch")
         edits.set("optimizer.name", alternative, f"`{name}` runs on CUDA GPUs only; `{alternative}` is its CPU form")
-    elif package is not None and package.install == "" and not _importable(package.module):
-        edits.set("optimizer.name", "adamw_torch", f"`{name}` needs {package.purpose}")
+    elif package is not None and package.install in ("", "pip") and not _importable(package.module):
+        # a package ft does not install: the smoke run rehearses the rest, and says what the real run needs
+        needs = f"; the real run needs `pip install {info.package}`" if package.install == "pip" else ""
+        edits.set("optimizer.name", "adamw_torch", f"`{name}` needs {package.purpose}, not installed here{needs}")
     else:
         return
     if edits.get("optimizer.name") == "adamw_torch":
@@ -384,7 +386,12 @@ def _model(edits: _Edits, loaded: LoadedRecipe, base_dir: Path, model_dir: Path)
                                    modality=recipe.model.modality or section.modality)
     except tiny_model.UnknownFamily as exc:
         raise loaded.error([Problem("model.name", str(exc))]) from None
-    problems = tiny_model.adapter_problems(recipe.adapter, tiny, section.name)
+    fitted = tiny_model.fitted_to_generic(recipe.adapter, tiny)
+    for key, value in fitted.items():
+        edits.set(f"adapter.{key}", _UNSET if value is None else value, f"the generic tiny {tiny.model_type} "
+                  f"stand-in lacks some of these names, which are another family's; the real run's PEFT checks them "
+                  f"against {section.name}")
+    problems = [] if fitted else tiny_model.adapter_problems(recipe.adapter, tiny, section.name)
     if problems:
         raise loaded.error(problems)
     tiny.save(model_dir)

@@ -48,7 +48,7 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "nu
 TINY_MOE = {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "shared_expert_intermediate_size": 128}
 # a vision tower at the smoke sizes (CLIP, SigLIP, Idefics3's: their config keys); each family adds its image size
-TINY_VISION = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+TINY_VISION = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2}
 
 
 @dataclass(frozen=True)
@@ -465,6 +465,30 @@ def adapter_problems(adapter: AdapterSection | None, stand: StandIn, name: str) 
     problems = _missing_modules(adapter, stand.model, stand.model_type)
     guess = _may_differ(stand.described, name)
     return [Problem(p.path, p.message + guess) for p in problems] if guess else problems
+
+
+def fitted_to_generic(adapter: AdapterSection | None, stand: StandIn) -> dict[str, object]:
+    """For a generic stand-in (``described["fallback"]``: a vision-language family ft ships no tiny model of), the
+    adapter settings the smoke run can use instead of names the stand-in lacks, ``{key: value}`` under ``adapter.``:
+    the target names it has (``all-linear`` when it has none of them, or for a regular expression that matches none
+    of its modules), the modules to save it has (unset when none). The real names cannot be checked against another
+    family's modules; PEFT checks them against the real model when the real run starts."""
+    if adapter is None or adapter.path or not stand.described.get("fallback"):
+        return {}
+    names = [name for name, _ in stand.model.named_modules() if name]
+
+    def has(target: str) -> bool:
+        return any(n == target or n.endswith("." + target) for n in names)
+
+    fitted: dict[str, object] = {}
+    targets = adapter.target_modules
+    if isinstance(targets, str) and targets != "all-linear" and not any(re.fullmatch(targets, n) for n in names):
+        fitted["target_modules"] = "all-linear"
+    elif isinstance(targets, list) and not all(has(t) for t in targets):
+        fitted["target_modules"] = [t for t in targets if has(t)] or "all-linear"
+    if adapter.modules_to_save and not all(has(m) for m in adapter.modules_to_save):
+        fitted["modules_to_save"] = [m for m in adapter.modules_to_save if has(m)] or None
+    return fitted
 
 
 def _may_differ(described: dict, name: str) -> str:
