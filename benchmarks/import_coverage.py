@@ -10,12 +10,16 @@ the Axolotl repository) in this process, as `ft import axolotl` does, and report
 - the share of keys carried, ignored (empty or switched off) and not carried, over the whole corpus (nested keys of
   datasets, trl, fsdp_config, special_tokens… counted one by one);
 - the most frequent keys not carried, and each config ft does not accept with ft's first reason;
-- tracebacks: any exception other than the config error is caught, counted and shown (target 0).
+- tracebacks: any exception other than the config error is caught, counted and shown (target 0);
+- with ``--smoke``, the smoke test (``ft train RECIPE --smoke``) of every vision-language recipe ft accepts, counted
+  apart: how many pass, how long each took, and for each failure the first line of its error (``smoke_runs``).
 
-    python benchmarks/import_coverage.py [CORPUS] [--top 25]
+    python benchmarks/import_coverage.py [CORPUS] [--top 25] [--smoke]
 
-Exit status 0 when the targets hold (>= 90% accepted, 0 tracebacks), 1 otherwise. Needs no network: validation
-never reaches the Hub (HF_HUB_OFFLINE=1 is set here to make sure).
+Exit status 0 when the targets hold (>= 90% accepted, 0 tracebacks; with ``--smoke``, every smoke run passed), 1
+otherwise. Needs no network: validation never reaches the Hub, and the smoke runs stand in for hub models and data
+sets offline (HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 are set here, before huggingface_hub is imported, to make
+sure; a variable already set to something else is left as it is).
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import collections
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # the smoke runs' progress bars: read when tqdm is imported
 
 from ft.importers.axolotl import ConfigError, import_axolotl  # noqa: E402
 from ft.importers.ledger import CARRIED, IGNORED, NOT_CARRIED  # noqa: E402
@@ -45,10 +51,53 @@ def generic(key: str) -> str:
     return re.sub(r"\.\d+(?=\.|$)", "[]", key)
 
 
+def smoke_runs(corpus: Path, names: list[str]) -> list[tuple[str, str | None, float]]:
+    """``ft train RECIPE --smoke`` of the recipe each config in ``names`` imports to, one after the other in this
+    process: imported to ``<temp>/<name>.yaml`` as ``ft import axolotl CONFIG --out`` writes it (relative paths from
+    the recipe's folder), then loaded with ``train.output_dir`` set under the same temp folder and rehearsed through
+    ``ft.smoke.rehearse.train``, as ``ft train --smoke --set train.output_dir=...`` does, without the ~10 s of
+    importing torch and transformers again for each (the first run pays for that import). Each run writes only into
+    its own folder, and any exception is caught and counted; one that ends the process itself (a native crash) ends
+    the benchmark: ``ft train RECIPE --smoke`` on that config alone shows it. Returns (name, None when it passed
+    else the first line of its error, seconds) for each."""
+    from ft.errors import FtError
+    from ft.recipe import RecipeError, load_recipe
+    from ft.recipe.errors import first_line
+    from ft.run.notices import install as hide_notices_not_for_the_user
+    from ft.smoke import rehearse
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ft-import-smoke-") as folder:
+        for name in names:
+            stem = Path(folder) / name.replace("/", "_").rsplit(".", 1)[0]
+            started, error = time.perf_counter(), None
+            try:
+                recipe = stem.with_suffix(".yaml")
+                recipe.write_text(import_axolotl(corpus / name, recipe).text)
+                loaded = load_recipe(recipe, [f"train.output_dir={stem}-out"])
+                hide_notices_not_for_the_user(loaded.recipe.train_args)  # as `ft train` does
+                result = rehearse.train(loaded, say=lambda _: None)
+                if result.status != "completed":
+                    error = f"the run stopped ({result.status})"
+            except RecipeError as exc:  # its first problem, by key (the recipe's file is gone with the temp folder)
+                problems = [p for p in exc.problems if p.level == "error"]
+                error = f"{problems[0].path}: {first_line(problems[0].message)}" if problems else first_line(exc)
+            except FtError as exc:
+                error = first_line(exc.render())
+            except Exception as exc:  # a bug or a library's failure: `ft train` says the same, traceback aside
+                error = f"{type(exc).__name__}: {first_line(exc)}"
+            results.append((name, error, time.perf_counter() - started))
+            print(f"  smoke {'passed' if error is None else 'FAILED'} in {results[-1][2]:.0f} s: {name}",
+                  file=sys.stderr, flush=True)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpus", nargs="?", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--top", type=int, default=25, help="How many of the most frequent not-carried keys to list.")
+    parser.add_argument("--smoke", action="store_true", help="Also run the smoke test (ft train --smoke, offline, on "
+                        "the CPU) of every vision-language recipe ft accepts, and count how many pass.")
     args = parser.parse_args()
     files = sorted(p for p in args.corpus.rglob("*") if p.suffix in (".yml", ".yaml") and p.is_file())
     if not files:
@@ -60,6 +109,7 @@ def main() -> int:
     audio: list[str] = []
     keys: collections.Counter = collections.Counter()
     missing: collections.Counter = collections.Counter()
+    seeing: list[str] = []  # the vision-language configs whose recipe ft accepts: the smoke runs' corpus
     started = time.perf_counter()
     for path in files:
         name = str(path.relative_to(args.corpus))
@@ -80,11 +130,18 @@ def main() -> int:
         training[result.modality] += 1
         if result.valid:
             accepted[result.modality] += 1
+            if result.modality == "vision":
+                seeing.append(name)
         elif result.out_of_scope:
             audio.append(name)
         else:
             refused.append((name, result.modality, result.verdict.errors[:1]))
     elapsed = time.perf_counter() - started
+    smoked, smoke_elapsed = None, 0.0
+    if args.smoke:
+        started = time.perf_counter()
+        smoked = smoke_runs(args.corpus, seeing)
+        smoke_elapsed = time.perf_counter() - started
     text, vision = training["text"], training["vision"]
     total_keys = sum(keys[status] for status in (CARRIED, IGNORED, NOT_CARRIED)) or 1
     print(f"corpus: {args.corpus} ({len(files)} files: {text} text-model training configs, {vision} vision-language, "
@@ -101,6 +158,11 @@ def main() -> int:
     print(f"  of the carried: {keys['same']} as ft's own default (nothing written), {keys['noted']} with a difference "
           "named in the recipe")
     print(f"tracebacks: {len(crashes)} (target 0)")
+    if smoked is not None:
+        passed = [seconds for _, error, seconds in smoked if error is None]
+        spread = f"; {min(passed):.0f}-{max(passed):.0f} s each" if len(passed) > 1 else ""
+        print(f"smoke tests (ft train --smoke, offline, CPU) of the vision-language recipes ft accepts: "
+              f"{len(passed)}/{len(smoked)} pass ({smoke_elapsed:.0f} s in all{spread})")
     print("\nmost frequent keys not carried (occurrences):")
     for key, count in missing.most_common(args.top):
         print(f"  {count:4d}  {key}")
@@ -116,9 +178,15 @@ def main() -> int:
         print("\nrecipes ft does not accept (exit 1), with ft's first reason:")
         for name, modality, errors in refused:
             print(f"  {name}{' (vision)' if modality == 'vision' else ''}: {errors[0].render() if errors else '?'}")
+    if smoked is not None and len(passed) < len(smoked):
+        print("\nvision-language recipes whose smoke test fails, with the first line of its error:")
+        for name, error, _ in smoked:
+            if error is not None:
+                print(f"  {name}: {error}")
     for name, text in crashes:
         print(f"\ntraceback importing {name}:\n{text}", file=sys.stderr)
     ok = not crashes and all(accepted[m] / training[m] >= TARGET for m in ("text", "vision") if training[m])
+    ok = ok and (smoked is None or all(error is None for _, error, _ in smoked))
     return 0 if ok else 1
 
 

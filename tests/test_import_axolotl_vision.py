@@ -4,11 +4,14 @@ refused naming the key and why; and each multimodal key's mapping, on configs wr
 
 As in tests/test_import_axolotl.py, each recipe is written to a file and loaded with ``ft.recipe.load_recipe`` (what
 ``ft validate`` runs, offline: hub models and datasets are never looked up), and every key of a config is checked to
-be in the ledger.
+be in the ledger. A representative few of the imported recipes also pass ``ft train --smoke`` offline (marked slow;
+benchmarks/import_coverage.py --smoke runs all of them).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ AUDIO = {"voxtral/voxtral-mini-audio-qlora.yml", "gemma3n/gemma-3n-e2b-vision-au
 VISION = [name for name in MULTIMODAL if name not in AUDIO]
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"Axolotl's example configs are not at {CORPUS}")
 
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 LANGUAGE_ONLY = r"model.language_model.layers.[\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj"
 VLM = {**BASE, "base_model": "Qwen/Qwen2-VL-7B-Instruct", "processor_type": "AutoProcessor",
        "datasets": [{"path": "org/vision-chats", "type": "chat_template"}]}
@@ -95,6 +99,100 @@ def test_ft_import_then_ft_validate_on_an_example(tmp_path):
                      str(tmp_path / "voxtral.yaml"), timeout=120)
     assert refused.returncode == 1
     assert "`processor_type: VoxtralProcessor`" in refused.stderr and "not audio" in refused.stderr
+
+
+# --- smoke runs of the imported recipes ---------------------------------------------------------------------------
+
+
+def smoke_offline(recipe: Path, output_dir: Path) -> dict:
+    """summary.json of ``ft train RECIPE --smoke --set train.output_dir=OUTPUT_DIR`` run offline, which must have
+    passed. In this process (``load_recipe`` and ``ft.smoke.rehearse.train``, as the command runs them, without
+    importing torch again) where huggingface_hub and datasets were imported offline, as CI sets them
+    (HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; each library reads its variable once, when imported); else through the
+    ``ft`` command with them set, so that no hub model or data set is ever looked up."""
+    import datasets
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE:
+        from ft.recipe import load_recipe
+        from ft.smoke import rehearse
+
+        said: list[str] = []
+        result = rehearse.train(load_recipe(recipe, [f"train.output_dir={output_dir}"]), say=said.append)
+        assert result.status == "completed", "\n".join(said)[-4000:]
+    else:
+        done = run_ft("train", str(recipe), "--smoke", "--set", f"train.output_dir={output_dir}", env=OFFLINE)
+        assert done.returncode == 0, done.stderr[-4000:]
+    smoke_dir = Path(f"{output_dir}-smoke")
+    summary = json.loads((smoke_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    assert (smoke_dir / "final" / "adapter_config.json").is_file() and not output_dir.exists()
+    return summary
+
+
+def substituted(summary: dict) -> dict:
+    """The smoke run's substitutions, by key."""
+    return {entry["key"]: entry for entry in summary["smoke"]["substitutions"]}
+
+
+@pytest.mark.slow
+@needs_corpus
+@pytest.mark.parametrize(("name", "family", "fallback"), [
+    ("qwen2-vl/lora-7b.yaml", "llava", True),  # ft ships no tiny Qwen2-VL: the generic LLaVA stands in
+    ("smolvlm2/smolvlm2-2B-lora.yaml", "idefics3", False),  # the shipped tiny SmolVLM (Idefics3)
+    ("gemma3/gemma-3-4b-vision-qlora.yml", "gemma3", False),  # the shipped tiny Gemma 3, its QLoRA 4-bit on the CPU
+])
+def test_an_imported_vision_example_passes_its_smoke_test_offline(tmp_path, name, family, fallback):
+    """The recipe as imported trains 3 steps on its family's tiny stand-in, on generated pictures (its hub data set
+    cannot be read offline); its LoRA regular expression matches the stand-in's module names as it would the real
+    model's (the language model's layers), and a QLoRA recipe keeps its 4-bit loading: bitsandbytes quantizes the
+    tiny model on the CPU."""
+    recipe, result = example(tmp_path, name)
+    assert result.valid, result.verdict.message
+    summary = smoke_offline(recipe, tmp_path / "run")
+    model = summary["smoke"]["model"]
+    assert (model["family"], model["modality"], model["fallback"]) == (family, "vision", fallback)
+    changes = substituted(summary)
+    assert "adapter.target_modules" not in changes and "model.quantization" not in changes
+    smoke_dir = tmp_path / "run-smoke"
+    targets = load_recipe(recipe).recipe.adapter.target_modules
+    assert json.loads((smoke_dir / "final" / "adapter_config.json").read_text())["target_modules"] == targets
+    bits = [(yaml.safe_load(path.read_text())["model"].get("quantization") or {}).get("bits")
+            for path in (recipe, smoke_dir / "recipe.yaml")]
+    assert bits == ([4, 4] if "qlora" in name else [None, None])
+
+
+@pytest.mark.slow
+@needs_corpus
+def test_llama_4_scout_qlora_passes_its_smoke_test_with_its_targets_fitted_and_its_optimizer_replaced(tmp_path):
+    """Llama 4 Scout (QLoRA, FSDP, flex attention, torchao's 4-bit AdamW) offline: the generic tiny LLaVA stands in,
+    which has Llama 4's attention projections but not its shared experts' or vision adapter's, so those names leave
+    the smoke recipe (the real run's PEFT checks them against Llama 4); torchao is not installed here, so the
+    optimizer is AdamW, said with what the real run needs. The rest runs as written, 4-bit loading included."""
+    recipe, result = example(tmp_path, "llama-4/scout-vision-qlora-fsdp2-flex.yaml")
+    assert result.valid, result.verdict.message
+    written = yaml.safe_load(recipe.read_text())
+    targets = written["adapter"]["target_modules"]
+    assert {"shared_expert.gate_proj", "vision_adapter.mlp.fc1"} <= set(targets)
+    summary = smoke_offline(recipe, tmp_path / "run")
+    assert summary["smoke"]["model"]["fallback"] is True
+    changes = substituted(summary)
+    fitted = changes["adapter.target_modules"]
+    assert fitted["was"] == targets
+    assert fitted["now"] == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
+    assert "generic tiny llava stand-in lacks some of these names" in fitted["why"]
+    assert written["model"]["name"] in fitted["why"]  # the real run checks them against the real model
+    assert "adapter.modules_to_save" not in changes  # lm_head and embed_tokens: the stand-in has both
+    optimizer = changes.get("optimizer.name")
+    if importlib.util.find_spec("torchao") is None:
+        assert (optimizer["was"], optimizer["now"]) == ("adamw_torch_4bit", "adamw_torch")
+        assert "not installed here" in optimizer["why"] and "pip install torchao" in optimizer["why"]
+    else:  # torchao installed by hand: its optimizer runs as written
+        assert optimizer is None
+    assert "model.quantization" not in changes and "distributed" in changes
+    smoke_dir = tmp_path / "run-smoke"
+    adapter = json.loads((smoke_dir / "final" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == sorted(fitted["now"])
 
 
 # --- the keys, one by one ---------------------------------------------------------------------------------------

@@ -163,6 +163,50 @@ def test_lora_targets_are_checked_against_the_vision_stand_ins_module_names(name
     assert "these names may be right" in problem.message
 
 
+@pytest.fixture(scope="module")
+def generic_stand_in():
+    """The generic tiny LLaVA standing in, offline, for Qwen2-VL (a family ft ships no tiny model of)."""
+    stand = tiny_model.stand_in(_unreadable("Qwen/Qwen2-VL-7B-Instruct"), None, False, 0, [], modality="vision")
+    assert stand.described["fallback"] and stand.model_type == "llava"
+    return stand
+
+
+QWEN2_VL_TOWER = r"model.visual.blocks.[\d]+.attn.qkv"  # Qwen2-VL's vision tower, which the generic LLaVA lacks
+
+
+@pytest.mark.parametrize(("adapter", "fitted"), [
+    # names: those the stand-in has are kept (in order), the others leave; none of them: all-linear
+    ({"target_modules": ["q_proj", "qkv", "v_proj", "merger.mlp.0"]}, {"target_modules": ["q_proj", "v_proj"]}),
+    ({"target_modules": ["qkv", "merger.mlp.0"]}, {"target_modules": "all-linear"}),
+    # a regular expression that matches none of its modules: all-linear; one that matches some stays as written
+    ({"target_modules": QWEN2_VL_TOWER}, {"target_modules": "all-linear"}),
+    ({"target_modules": LANGUAGE_MODEL}, {}),
+    ({"target_modules": "all-linear"}, {}),
+    # modules to save it lacks leave, and the key too when none is left
+    ({"modules_to_save": ["lm_head", "visual.merger"]}, {"modules_to_save": ["lm_head"]}),
+    ({"modules_to_save": ["visual.merger"]}, {"modules_to_save": None}),
+    ({"target_modules": ["q_proj", "qkv"], "modules_to_save": ["visual.merger"]},
+     {"target_modules": ["q_proj"], "modules_to_save": None}),
+    ({"target_modules": QWEN2_VL_TOWER, "path": "/somewhere/adapter"}, {}),  # a saved adapter's shape: not fitted
+])
+def test_the_generic_stand_in_fits_the_adapter_to_the_names_it_has(generic_stand_in, adapter, fitted):
+    """``fitted_to_generic``: another family's names cannot be checked against the generic LLaVA, so the smoke run
+    keeps the ones it has and trains all linear layers where none is left, instead of refusing the recipe."""
+    assert tiny_model.fitted_to_generic(AdapterSection(kind="lora", **adapter), generic_stand_in) == fitted
+
+
+def test_a_stand_in_of_the_family_itself_fits_nothing(generic_stand_in):
+    """A stand-in that is not the generic one (Gemma 3's shipped asset) has the family's names: nothing is fitted,
+    ``adapter_problems`` checks them instead; nor is anything fitted without an adapter."""
+    gemma3 = tiny_model.stand_in(_unreadable("google/gemma-3-4b-it"), None, False, 0, [], modality="vision")
+    assert not gemma3.described["fallback"]
+    adapter = AdapterSection(kind="lora", target_modules=QWEN2_VL_TOWER, modules_to_save=["visual.merger"])
+    assert tiny_model.fitted_to_generic(adapter, gemma3) == {}
+    assert [p.path for p in tiny_model.adapter_problems(adapter, gemma3, "google/gemma-3-4b-it")] == [
+        "adapter.target_modules", "adapter.modules_to_save"]
+    assert tiny_model.fitted_to_generic(None, generic_stand_in) == {}
+
+
 # --- the data -------------------------------------------------------------------------------------------------------
 
 
