@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from . import resume_weights
 from .optimization import Optimization, build_scheduler, check_groups_match, param_groups
 
 
@@ -85,6 +86,20 @@ class FtTrainerMixin:
             self.control.should_save = True
             self.control.should_training_stop = True
         return samples
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """A full model's checkpoint loaded under the model's own names (``ft.trainers.resume_weights``: transformers
+        5.25 loads those of families that rename their modules, LLaVA, Gemma 3, Qwen2-VL, into nothing); anything
+        else, the Trainer's own loading."""
+        target = model if model is not None else self.model
+        files = resume_weights.shard_files(resume_from_checkpoint)
+        plain = files is not None and not hasattr(target, "peft_config") and not self.is_fsdp_enabled \
+            and not self.is_deepspeed_enabled
+        state = resume_weights.renamed_state(target, files) if plain else None
+        if state is None:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._issue_warnings_after_load(target.load_state_dict(state, False))
+        return None
 
     def push_to_hub(self, *args, **kwargs) -> None:
         """Pushes nothing. transformers calls this from ``save_model`` when ft saves final/: before summary.json
