@@ -1,6 +1,7 @@
 """``ft preprocess``: the data of a recipe tokenized once, with loss masks and a length column, into
 ``data.prepared_path``, where ``ft train`` (and every rank of a multi-process run) reads it. The path is held while it
-is checked and written (``ft.outputs.lock``): two writers would swap in each other's half-written folders."""
+is checked and written (``ft.outputs.lock``): two writers would swap in each other's half-written folders. ``--show N``
+(``show``) prints the first training rows as the model sees them instead, preparing nothing."""
 
 from __future__ import annotations
 
@@ -30,3 +31,26 @@ def preprocess(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, wait
             return data.prepare_data(recipe, processing_class, data.chat_template_for(recipe, processing_class), say)
         except RecipeError as exc:  # what the model's modality shows wrong in the recipe (data.packing with images)
             raise loaded.error(exc.problems) from None
+
+
+def show(loaded: LoadedRecipe, count: int, colour: bool = False) -> str:
+    """``--show N`` (``ft preprocess``, ``ft validate``): the first ``count`` training rows as the model sees them,
+    trained tokens marked (``ft.data.show``), with the model's processing class and chat template as ``ft train``
+    loads them; nothing is prepared or written. Refused (exit 2, naming ``method``) for the methods whose rows TRL
+    tokenizes."""
+    from ..recipe.methods import METHODS
+
+    recipe = loaded.recipe
+    if not METHODS[recipe.method].ft_tokenizes:
+        raise loaded.error([Problem("method", f"--show prints the rows ft tokenizes, with their loss masks (sft); "
+                                    f"{recipe.method}'s rows are tokenized by TRL's trainer, its own way. Drop --show, "
+                                    "or show the rows of an SFT recipe on the same data.")])
+    from ..data.show import show_rows
+    problems = loading.gguf_problems(recipe.model)
+    if problems:
+        raise loaded.error(problems)
+    processing_class = locate.start_processing_class(recipe.model)
+    try:
+        return show_rows(recipe, processing_class, data.chat_template_for(recipe, processing_class), count, colour)
+    except RecipeError as exc:
+        raise loaded.error(exc.problems) from None
