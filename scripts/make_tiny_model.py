@@ -17,6 +17,15 @@ a tokenizer trained like tiny-llama's on the same corpus, with the family's spec
 template (Llama 3 headers, Qwen2 ChatML, Mistral ``[INST]``, Gemma ``<start_of_turn>``). Each is checked here:
 ft's loss masks of a rendered conversation must hold exactly the assistant answers and the end-of-turn text.
 
+Tool-call and reasoning chats are masked with the real templates of four families (``TOOL_FAMILIES``, written to
+``src/ft/smoke/assets/tiny-<name>/``, read by ``tests/test_tools_reasoning.py``): Qwen2.5's (tools in the system
+prompt, calls in ``<tool_call>`` JSON), Qwen3's (reasoning in ``<think>``, dropped from turns before the last user
+message; calls as Qwen2.5), Llama 3.1's (tools in the first user turn, a call as bare JSON, results as ``ipython``) and
+Mistral Nemo's (``[AVAILABLE_TOOLS]``, ``[TOOL_CALLS]``, ``[TOOL_RESULTS]``), each verbatim as the family's
+tokenizer_config.json ships it, with a tokenizer trained as the others are and holding the family's tool and
+reasoning tokens (special or not, as the real one has them). Each is checked here: it renders a call, a tool list and
+(Qwen3) a reasoning, its tool tokens are single tokens, and the model reads the rendered chat.
+
 A vision-language recipe's smoke run stands in a tiny image-text-to-text model (``ft.smoke.tiny_model.VISION_FAMILIES``,
 whose sizes these assets take): ``VISION_ASSETS`` adds each family's config (its language model at the text sizes, a
 vision tower of 2 layers of width 64 seeing 16–32 pixel images), its processor (image processor, tokenizer with the
@@ -38,6 +47,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AddedToken,
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
@@ -61,6 +71,7 @@ from transformers import (
     MistralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
     SiglipVisionConfig,
 )
 
@@ -271,6 +282,7 @@ class Family:
     unk: str | None = None
     extra: dict = field(default_factory=dict)  # the family's own config fields, at their real models' values
     messages: tuple = ()  # the conversation self_check renders
+    added: tuple[str, ...] = ()  # tokens added after the vocabulary, not special (Qwen's <tool_call>, <think>)
 
 
 FAMILIES = {
@@ -314,11 +326,14 @@ def build_family_tokenizer(family: Family, named_tokens: dict | None = None) -> 
     """``named_tokens``: special tokens the family's processor reads by name (Gemma 3's ``boi_token``)."""
     names = {"bos_token": family.bos, "eos_token": family.eos, "pad_token": family.pad, "unk_token": family.unk}
     named = set(names.values()) | set((named_tokens or {}).values())
-    return PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(
         tokenizer_object=train_bpe(list(family.specials)), **{k: v for k, v in names.items() if v is not None},
         additional_special_tokens=[t for t in family.specials if t not in named], add_bos_token=family.add_bos,
         **({"extra_special_tokens": named_tokens} if named_tokens else {}),
         model_max_length=MAX_LEN, chat_template=family.template, clean_up_tokenization_spaces=False)
+    if family.added:
+        tok.add_tokens([AddedToken(token, special=False, normalized=False) for token in family.added])
+    return tok
 
 
 def build_family_config(family: Family, tok):
@@ -381,6 +396,452 @@ def check_family(name: str, family: Family, out: Path) -> None:
     assert logits.shape[-1] == cfg.vocab_size
     print(f"{name}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"len(tokenizer)={len(tok)}, end of turn {eot!r}\n  rendered: {rendered!r}\n  trained on: {trained!r}")
+
+
+# --- the tool-call and reasoning family assets ----------------------------------------------------------------------
+# Each template verbatim as the family's tokenizer_config.json ships it (no {% generation %} markers: ft's masks do not
+# need them).
+
+QWEN25_TEMPLATE = (
+    '{%- if tools %}\n'
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    '    {%- else %}\n'
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    '    {%- endif %}\n'
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user'
+    ' query.\\n\\nYou are provided with function signatures within <tools></tools> XML'
+    ' tags:\\n<tools>" }}\n'
+    '    {%- for tool in tools %}\n'
+    '        {{- "\\n" }}\n'
+    '        {{- tool | tojson }}\n'
+    '    {%- endfor %}\n'
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name'
+    ' and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{{\\"name\\":'
+    ' <function-name>, \\"arguments\\": <args-json-object>}}\\n</tool_call><|im_end|>\\n" }}\n'
+    '{%- else %}\n'
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    '    {%- else %}\n'
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a"
+    " helpful assistant.<|im_end|>\\n' }}\n"
+    '    {%- endif %}\n'
+    '{%- endif %}\n'
+    '{%- for message in messages %}\n'
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or'
+    ' (message.role == "assistant" and not message.tool_calls) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n'"
+    ' }}\n'
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role }}\n"
+    '        {%- if message.content %}\n'
+    "            {{- '\\n' + message.content }}\n"
+    '        {%- endif %}\n'
+    '        {%- for tool_call in message.tool_calls %}\n'
+    '            {%- if tool_call.function is defined %}\n'
+    '                {%- set tool_call = tool_call.function %}\n'
+    '            {%- endif %}\n'
+    '            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
+    '            {{- tool_call.name }}\n'
+    '            {{- \'", "arguments": \' }}\n'
+    '            {{- tool_call.arguments | tojson }}\n'
+    "            {{- '}\\n</tool_call>' }}\n"
+    '        {%- endfor %}\n'
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    '        {%- endif %}\n'
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    '        {{- message.content }}\n'
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    '        {%- endif %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- if add_generation_prompt %}\n'
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    '{%- endif %}\n'
+)
+
+QWEN3_TEMPLATE = (
+    '{%- if tools %}\n'
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- messages[0].content + '\\n\\n' }}\n"
+    '    {%- endif %}\n'
+    '    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user'
+    ' query.\\n\\nYou are provided with function signatures within <tools></tools> XML'
+    ' tags:\\n<tools>" }}\n'
+    '    {%- for tool in tools %}\n'
+    '        {{- "\\n" }}\n'
+    '        {{- tool | tojson }}\n'
+    '    {%- endfor %}\n'
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name'
+    ' and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\":'
+    ' <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    '{%- else %}\n'
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+    '    {%- endif %}\n'
+    '{%- endif %}\n'
+    '{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n'
+    '{%- for message in messages[::-1] %}\n'
+    '    {%- set index = (messages|length - 1) - loop.index0 %}\n'
+    '    {%- if ns.multi_step_tool and message.role == "user" and'
+    " not(message.content.startswith('<tool_response>') and"
+    " message.content.endswith('</tool_response>')) %}\n"
+    '        {%- set ns.multi_step_tool = false %}\n'
+    '        {%- set ns.last_query_index = index %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- for message in messages %}\n'
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n'"
+    ' }}\n'
+    '    {%- elif message.role == "assistant" %}\n'
+    '        {%- set content = message.content %}\n'
+    "        {%- set reasoning_content = '' %}\n"
+    '        {%- if message.reasoning_content is defined and message.reasoning_content is not'
+    ' none %}\n'
+    '            {%- set reasoning_content = message.reasoning_content %}\n'
+    '        {%- else %}\n'
+    "            {%- if '</think>' in message.content %}\n"
+    "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+    '                {%- set reasoning_content ='
+    " message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
+    '            {%- endif %}\n'
+    '        {%- endif %}\n'
+    '        {%- if loop.index0 > ns.last_query_index %}\n'
+    '            {%- if loop.last or (not loop.last and reasoning_content) %}\n'
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' +"
+    " reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+    '            {%- else %}\n'
+    "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    '            {%- endif %}\n'
+    '        {%- else %}\n'
+    "            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    '        {%- endif %}\n'
+    '        {%- if message.tool_calls %}\n'
+    '            {%- for tool_call in message.tool_calls %}\n'
+    '                {%- if (loop.first and content) or (not loop.first) %}\n'
+    "                    {{- '\\n' }}\n"
+    '                {%- endif %}\n'
+    '                {%- if tool_call.function %}\n'
+    '                    {%- set tool_call = tool_call.function %}\n'
+    '                {%- endif %}\n'
+    '                {{- \'<tool_call>\\n{"name": "\' }}\n'
+    '                {{- tool_call.name }}\n'
+    '                {{- \'", "arguments": \' }}\n'
+    '                {%- if tool_call.arguments is string %}\n'
+    '                    {{- tool_call.arguments }}\n'
+    '                {%- else %}\n'
+    '                    {{- tool_call.arguments | tojson }}\n'
+    '                {%- endif %}\n'
+    "                {{- '}\\n</tool_call>' }}\n"
+    '            {%- endfor %}\n'
+    '        {%- endif %}\n'
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    '        {%- endif %}\n'
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    '        {{- message.content }}\n'
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    '        {%- endif %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- if add_generation_prompt %}\n'
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    '    {%- if enable_thinking is defined and enable_thinking is false %}\n'
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    '    {%- endif %}\n'
+    '{%- endif %}'
+)
+
+LLAMA31_TEMPLATE = (
+    '{{- bos_token }}\n'
+    '{%- if custom_tools is defined %}\n'
+    '    {%- set tools = custom_tools %}\n'
+    '{%- endif %}\n'
+    '{%- if not tools_in_user_message is defined %}\n'
+    '    {%- set tools_in_user_message = true %}\n'
+    '{%- endif %}\n'
+    '{%- if not date_string is defined %}\n'
+    '    {%- set date_string = "26 Jul 2024" %}\n'
+    '{%- endif %}\n'
+    '{%- if not tools is defined %}\n'
+    '    {%- set tools = none %}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{#- This block extracts the system message, so we can slot it into the right place. #}\n'
+    "{%- if messages[0]['role'] == 'system' %}\n"
+    "    {%- set system_message = messages[0]['content']|trim %}\n"
+    '    {%- set messages = messages[1:] %}\n'
+    '{%- else %}\n'
+    '    {%- set system_message = "" %}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{#- System message + builtin tools #}\n'
+    '{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}\n'
+    '{%- if builtin_tools is defined or tools is not none %}\n'
+    '    {{- "Environment: ipython\\n" }}\n'
+    '{%- endif %}\n'
+    '{%- if builtin_tools is defined %}\n'
+    '    {{- "Tools: " + builtin_tools | reject(\'equalto\', \'code_interpreter\') | join(", ") +'
+    ' "\\n\\n"}}\n'
+    '{%- endif %}\n'
+    '{{- "Cutting Knowledge Date: December 2023\\n" }}\n'
+    '{{- "Today Date: " + date_string + "\\n\\n" }}\n'
+    '{%- if tools is not none and not tools_in_user_message %}\n'
+    '    {{- "You have access to the following functions. To call a function, please respond'
+    ' with JSON for a function call." }}\n'
+    '    {{- \'Respond in the format {"name": function name, "parameters": dictionary of'
+    " argument name and its value}.' }}\n"
+    '    {{- "Do not use variables.\\n\\n" }}\n'
+    '    {%- for t in tools %}\n'
+    '        {{- t | tojson(indent=4) }}\n'
+    '        {{- "\\n\\n" }}\n'
+    '    {%- endfor %}\n'
+    '{%- endif %}\n'
+    '{{- system_message }}\n'
+    '{{- "<|eot_id|>" }}\n'
+    '\n'
+    '{#- Custom tools are passed in a user message with some extra guidance #}\n'
+    '{%- if tools_in_user_message and not tools is none %}\n'
+    '    {#- Extract the first user message so we can plug it in here #}\n'
+    '    {%- if messages | length != 0 %}\n'
+    "        {%- set first_user_message = messages[0]['content']|trim %}\n"
+    '        {%- set messages = messages[1:] %}\n'
+    '    {%- else %}\n'
+    '        {{- raise_exception("Cannot put tools in the first user message when there\'s no'
+    ' first user message!") }}\n'
+    '{%- endif %}\n'
+    "    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}\n"
+    '    {{- "Given the following functions, please respond with a JSON for a function call "'
+    ' }}\n'
+    '    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}\n'
+    '    {{- \'Respond in the format {"name": function name, "parameters": dictionary of'
+    " argument name and its value}.' }}\n"
+    '    {{- "Do not use variables.\\n\\n" }}\n'
+    '    {%- for t in tools %}\n'
+    '        {{- t | tojson(indent=4) }}\n'
+    '        {{- "\\n\\n" }}\n'
+    '    {%- endfor %}\n'
+    '    {{- first_user_message + "<|eot_id|>"}}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{%- for message in messages %}\n'
+    "    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in"
+    ' message) %}\n'
+    "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+"
+    " message['content'] | trim + '<|eot_id|>' }}\n"
+    "    {%- elif 'tool_calls' in message %}\n"
+    '        {%- if not message.tool_calls|length == 1 %}\n'
+    '            {{- raise_exception("This model only supports single tool-calls at once!") }}\n'
+    '        {%- endif %}\n'
+    '        {%- set tool_call = message.tool_calls[0].function %}\n'
+    '        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}\n'
+    "            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
+    '            {{- "<|python_tag|>" + tool_call.name + ".call(" }}\n'
+    '            {%- for arg_name, arg_val in tool_call.arguments | items %}\n'
+    '                {{- arg_name + \'="\' + arg_val + \'"\' }}\n'
+    '                {%- if not loop.last %}\n'
+    '                    {{- ", " }}\n'
+    '                {%- endif %}\n'
+    '                {%- endfor %}\n'
+    '            {{- ")" }}\n'
+    '        {%- else  %}\n'
+    "            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
+    '            {{- \'{"name": "\' + tool_call.name + \'", \' }}\n'
+    '            {{- \'"parameters": \' }}\n'
+    '            {{- tool_call.arguments | tojson }}\n'
+    '            {{- "}" }}\n'
+    '        {%- endif %}\n'
+    '        {%- if builtin_tools is defined %}\n'
+    "            {#- This means we're in ipython mode #}\n"
+    '            {{- "<|eom_id|>" }}\n'
+    '        {%- else %}\n'
+    '            {{- "<|eot_id|>" }}\n'
+    '        {%- endif %}\n'
+    '    {%- elif message.role == "tool" or message.role == "ipython" %}\n'
+    '        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}\n'
+    '        {%- if message.content is mapping or message.content is iterable %}\n'
+    '            {{- message.content | tojson }}\n'
+    '        {%- else %}\n'
+    '            {{- message.content }}\n'
+    '        {%- endif %}\n'
+    '        {{- "<|eot_id|>" }}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- if add_generation_prompt %}\n'
+    "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+    '{%- endif %}\n'
+)
+
+MISTRAL_NEMO_TEMPLATE = (
+    '{%- if messages[0]["role"] == "system" %}\n'
+    '    {%- set system_message = messages[0]["content"] %}\n'
+    '    {%- set loop_messages = messages[1:] %}\n'
+    '{%- else %}\n'
+    '    {%- set loop_messages = messages %}\n'
+    '{%- endif %}\n'
+    '{%- if not tools is defined %}\n'
+    '    {%- set tools = none %}\n'
+    '{%- endif %}\n'
+    '{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}\n'
+    '\n'
+    '{#- This block checks for alternating user/assistant messages, skipping tool calling'
+    ' messages #}\n'
+    '{%- set ns = namespace() %}\n'
+    '{%- set ns.index = 0 %}\n'
+    '{%- for message in loop_messages %}\n'
+    '    {%- if not (message.role == "tool" or message.role == "tool_results" or'
+    ' (message.tool_calls is defined and message.tool_calls is not none)) %}\n'
+    '        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}\n'
+    '            {{- raise_exception("After the optional system message, conversation roles'
+    ' must alternate user/assistant/user/assistant/...") }}\n'
+    '        {%- endif %}\n'
+    '        {%- set ns.index = ns.index + 1 %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '\n'
+    '{{- bos_token }}\n'
+    '{%- for message in loop_messages %}\n'
+    '    {%- if message["role"] == "user" %}\n'
+    '        {%- if tools is not none and (message == user_messages[-1]) %}\n'
+    '            {{- "[AVAILABLE_TOOLS][" }}\n'
+    '            {%- for tool in tools %}\n'
+    '                {%- set tool = tool.function %}\n'
+    '                {{- \'{"type": "function", "function": {\' }}\n'
+    '                {%- for key, val in tool.items() if key != "return" %}\n'
+    '                    {%- if val is string %}\n'
+    '                        {{- \'"\' + key + \'": "\' + val + \'"\' }}\n'
+    '                    {%- else %}\n'
+    '                        {{- \'"\' + key + \'": \' + val|tojson }}\n'
+    '                    {%- endif %}\n'
+    '                    {%- if not loop.last %}\n'
+    '                        {{- ", " }}\n'
+    '                    {%- endif %}\n'
+    '                {%- endfor %}\n'
+    '                {{- "}}" }}\n'
+    '                {%- if not loop.last %}\n'
+    '                    {{- ", " }}\n'
+    '                {%- else %}\n'
+    '                    {{- "]" }}\n'
+    '                {%- endif %}\n'
+    '            {%- endfor %}\n'
+    '            {{- "[/AVAILABLE_TOOLS]" }}\n'
+    '            {%- endif %}\n'
+    '        {%- if loop.last and system_message is defined %}\n'
+    '            {{- "[INST]" + system_message + "\\n\\n" + message["content"] + "[/INST]" }}\n'
+    '        {%- else %}\n'
+    '            {{- "[INST]" + message["content"] + "[/INST]" }}\n'
+    '        {%- endif %}\n'
+    '    {%- elif (message.tool_calls is defined and message.tool_calls is not none) %}\n'
+    '        {{- "[TOOL_CALLS][" }}\n'
+    '        {%- for tool_call in message.tool_calls %}\n'
+    '            {%- set out = tool_call.function|tojson %}\n'
+    '            {{- out[:-1] }}\n'
+    '            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}\n'
+    '                {{- raise_exception("Tool call IDs should be alphanumeric strings with'
+    ' length 9!") }}\n'
+    '            {%- endif %}\n'
+    '            {{- \', "id": "\' + tool_call.id + \'"}\' }}\n'
+    '            {%- if not loop.last %}\n'
+    '                {{- ", " }}\n'
+    '            {%- else %}\n'
+    '                {{- "]" + eos_token }}\n'
+    '            {%- endif %}\n'
+    '        {%- endfor %}\n'
+    '    {%- elif message["role"] == "assistant" %}\n'
+    '        {{- message["content"] + eos_token}}\n'
+    '    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}\n'
+    '        {%- if message.content is defined and message.content.content is defined %}\n'
+    '            {%- set content = message.content.content %}\n'
+    '        {%- else %}\n'
+    '            {%- set content = message.content %}\n'
+    '        {%- endif %}\n'
+    '        {{- \'[TOOL_RESULTS]{"content": \' + content|string + ", " }}\n'
+    '        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}\n'
+    '            {{- raise_exception("Tool call IDs should be alphanumeric strings with length'
+    ' 9!") }}\n'
+    '        {%- endif %}\n'
+    '        {{- \'"call_id": "\' + message.tool_call_id + \'"}[/TOOL_RESULTS]\' }}\n'
+    '    {%- else %}\n'
+    '        {{- raise_exception("Only user and assistant roles are supported, with the'
+    ' exception of an initial optional system message!") }}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+)
+
+_QWEN_TOOLS = ("<tool_call>", "</tool_call>")
+TOOL_FAMILIES = {  # folder under src/ft/smoke/assets -> the family
+    "tiny-qwen2.5": Family(
+        Qwen2Config, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        template=QWEN25_TEMPLATE, add_bos=False, stop=("<|im_end|>", "<|endoftext|>"), added=_QWEN_TOOLS,
+        extra=FAMILIES["qwen2"].extra),
+    "tiny-qwen3": Family(
+        Qwen3Config, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        template=QWEN3_TEMPLATE, add_bos=False, stop=("<|im_end|>", "<|endoftext|>"),
+        added=(*_QWEN_TOOLS, "<tool_response>", "</tool_response>", "<think>", "</think>"),
+        extra={"tie_word_embeddings": True, "max_position_embeddings": 40960,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "use_sliding_window": False,
+               "max_window_layers": TINY["num_hidden_layers"]}),
+    "tiny-llama3.1": Family(
+        LlamaConfig, ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                      "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
+        bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None, template=LLAMA31_TEMPLATE, add_bos=True,
+        stop=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"), extra=FAMILIES["llama"].extra),
+    "tiny-mistral-nemo": Family(
+        MistralConfig, ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                        "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]"),
+        bos="<s>", eos="</s>", pad=None, unk="<unk>", template=MISTRAL_NEMO_TEMPLATE, add_bos=True, stop=("</s>",),
+        extra={"tie_word_embeddings": False, "max_position_embeddings": 1024000, "sliding_window": None,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+}
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+TOOL_CHAT = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"id": "call00001", "type": "function",
+                  "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "21 degrees"},
+             {"role": "assistant", "content": "It is 21 degrees in Paris."}]
+
+
+def check_tool_family(name: str, family: Family, out: Path) -> None:
+    """The asset loads; its template, rendered with a tool list and a call, writes both (and Qwen3's a reasoning);
+    its tool and reasoning tokens are single tokens; the model reads the rendered chat."""
+    import torch
+
+    tok = AutoTokenizer.from_pretrained(out)
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.model_type == family.config.model_type and cfg.vocab_size >= len(tok), (name, len(tok))
+    assert tok.chat_template == family.template, name
+    for token in (*family.specials, *family.added):
+        assert len(tok(token, add_special_tokens=False).input_ids) == 1, (name, token)
+    chat = [dict(m) for m in TOOL_CHAT]
+    if name == "tiny-qwen3":
+        chat[1]["reasoning_content"] = "The user wants the weather: call get_weather."
+        chat[1]["content"] = ""
+    text = tok.apply_chat_template(chat, tools=[WEATHER], tokenize=False)
+    assert '"city": "Paris"' in text and text.count("get_weather") >= 2, (name, text)
+    if name == "tiny-qwen3":  # the call's turn comes after the last user message: its reasoning is written
+        assert f"<think>\n{chat[1]['reasoning_content']}\n</think>" in text, text
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        logits = model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits
+    assert logits.shape[-1] == cfg.vocab_size
+    print(f"{name}: {type(model).__name__}, len(tokenizer)={len(tok)}\n  rendered: {text!r}")
 
 
 # --- the smoke-test vision-language family assets -----------------------------------------------------------------
@@ -553,6 +1014,9 @@ def main() -> None:
     for name, family in FAMILIES.items():
         write_family(family, args.family_assets / ASSET_FOLDERS[name])
         check_family(name, family, args.family_assets / ASSET_FOLDERS[name])
+    for folder, family in TOOL_FAMILIES.items():
+        write_family(family, args.family_assets / folder)
+        check_tool_family(folder, family, args.family_assets / folder)
     assert VISION_ASSETS.keys() == VISION_SIZES.keys(), "an asset for each vision family ft.smoke.tiny_model reads"
     for name, spec in VISION_ASSETS.items():
         write_vision_family(name, spec, args.family_assets / VISION_SIZES[name].folder)

@@ -23,6 +23,14 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override a recipe key, e.g. --set train.max_steps=10 (value parsed as YAML)."),
 ]
 
+ShowOpt = Annotated[
+    int | None,
+    typer.Option("--show", min=1, metavar="N", show_default=False,
+                 help="Print the first N training rows as the model sees them: trained tokens marked (colour on a "
+                      "terminal, [[...]] otherwise or with NO_COLOR), tokens per role, the stop-token check. Reads "
+                      "only those rows; loads the tokenizer."),
+]
+
 EXIT_INVALID = 2
 
 
@@ -42,12 +50,25 @@ def _load(recipe: Path, overrides: list[str] | None, num_processes: int | str | 
 
 
 @app.command()
-def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe and print it resolved (defaults filled in), or list every problem at once."""
+def validate(recipe: RecipeArg, set_: SetOpt = None, show: ShowOpt = None) -> None:
+    """Check a recipe and print it resolved (defaults filled in), or list every problem at once. With --show N, then
+    load the tokenizer and print the first N training rows as the model sees them."""
     from .recipe.resolved import resolved_recipe_yaml
 
     loaded = _load(recipe, set_)
     print(resolved_recipe_yaml(loaded.recipe), end="")
+    if show is not None:
+        print()
+        _show(loaded, show)
+
+
+def _show(loaded, count: int) -> None:
+    """``--show N``: the rows as the model sees them, on stdout (``run.preprocess.show``)."""
+    from .data.show import wants_colour
+    from .run.preprocess import show as run_show
+
+    print(_guarded(lambda: run_show(loaded, count, wants_colour(sys.stdout)), "showing the rows", _run_dir(loaded)),
+          end="", flush=True)
 
 
 @app.command()
@@ -177,9 +198,13 @@ def _unexpected_failure(exc: Exception, doing: str, output_dir: str) -> str:
 
 
 @app.command()
-def preprocess(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Tokenize the data once (with loss masks and a length column) into data.prepared_path for ft train."""
+def preprocess(recipe: RecipeArg, set_: SetOpt = None, show: ShowOpt = None) -> None:
+    """Tokenize the data once (with loss masks and a length column) into data.prepared_path for ft train. With --show
+    N, only print the first N training rows as the model sees them (nothing is prepared)."""
     loaded = _load(recipe, set_)
+    if show is not None:
+        _show(loaded, show)
+        return
     from .run.preprocess import preprocess as run_preprocess
 
     prepared = _guarded(lambda: run_preprocess(loaded, say=_err), "preprocessing", _run_dir(loaded))
@@ -229,6 +254,9 @@ def generate(
     dtype: DtypeOpt = None,
     image: Annotated[Path | None, typer.Option("--image", show_default=False, help="An image every --prompt asks "
                                                "about (a vision-language run: docs/vision.md).")] = None,
+    tools: Annotated[Path | None, typer.Option("--tools", show_default=False, help="A JSON file of tool definitions "
+                                               "(a JSON-schema function list) the chat template renders into every "
+                                               "prompt, as `data.tools` does in training.")] = None,
 ) -> None:
     """Complete a prompt (or a file of prompts) with a trained model, adapter or merged model."""
     if (not prompt) == (file is None):
@@ -248,7 +276,7 @@ def generate(
     def step() -> None:
         items = [(f"--prompt {i + 1}", {"prompt": text}) for i, text in enumerate(prompt)] if file is None \
             else read_prompts(file)
-        completions = run_generate(source, items, sampling, dtype, seed, say=_err, image=image)
+        completions = run_generate(source, items, sampling, dtype, seed, say=_err, image=image, tools=tools)
         for (_, item), completion in zip(items, completions, strict=True):
             print(completion if file is None else json.dumps({**item, "completion": completion}, ensure_ascii=False),
                   flush=True)

@@ -21,10 +21,12 @@ from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
 from ..recipe.rules import check_modality
 from . import cache
+from .consistency import FIRST, check_template, sample
 from .formats import FORMATS, normalize
 from .images import ImageTokens, stored_images_folder
 from .labels import IGNORE_INDEX
-from .rows import ROW, SHOWN, SOURCE, BadRows, DataError, locate
+from .rows import BAD, ROW, SHOWN, SOURCE, BadRows, DataError, locate, refused_rendered
+from .show import first_rows
 from .sources import mix, read_source, source_counts, split_off, weighted
 from .templates import TemplateError, check_image_template, resolve_chat_template
 from .tokenize import STATS, TokenizeSettings, stop_token_id, tokenize_arrays
@@ -123,7 +125,7 @@ def chat_template_for(recipe: Recipe, tokenizer) -> str | None:
     if not chat:
         return None
     try:
-        return resolve_chat_template(recipe.data.chat_template, tokenizer)
+        return resolve_chat_template(recipe.data.chat_template, tokenizer, recipe.data.chat_template_kwargs)
     except TemplateError as exc:
         raise DataError(str(exc)) from None
 
@@ -189,18 +191,24 @@ def _canonical_rows(recipe: Recipe, say, images: bool = False) -> PreparedData:
 
 def _tokenized(recipe: Recipe, tokenizer, template: str | None, say, images: ImageTokens | None = None) -> PreparedData:
     data = recipe.data
-    settings = TokenizeSettings(template=template, max_length=data.max_length, truncation=data.truncation,
-                                train_on=data.train_on, parts=images is not None)
+    settings = TokenizeSettings.of(data, template, parts=images is not None)
     length_column = recipe.train_args.get("length_column_name", "length")
     train, evaluation, report = read_splits(recipe, say, images=images is not None)
     stats: dict = {"skipped_rows": report.as_dict()}
+    if template is not None and "messages" in train.column_names:
+        stats["template_mismatch"] = _check_template(recipe, train, tokenizer, template, say)
     out = {}
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is None:
             continue
         seeing = _Seeing(images, recipe, report, say) if images is not None else None
+        sources = data.train if name == "train" else data.eval_sources
+
+        def refuse(tokenized, rows, split, sources=sources):
+            return refused_rendered(tokenized, rows, sources, split, data.on_bad_row, report, say)
+
         out[name], counts, checks = _tokenize(dataset, tokenizer, settings, data.num_proc, name, length_column,
-                                              seeing)
+                                              seeing, refuse)
         stats[f"{name}_rows"] = len(out[name])
         stats[f"{name}_tokens"] = _count(_column(out[name], length_column))
         stats.update({f"{name}_{key}": value for key, value in counts.items()})
@@ -232,18 +240,31 @@ def _tokenized(recipe: Recipe, tokenizer, template: str | None, say, images: Ima
     return PreparedData(out["train"], out.get("eval"), stats)
 
 
+def _check_template(recipe: Recipe, train, tokenizer, template: str, say) -> dict:
+    """The template consistency check (``ft.data.consistency``) on a sample of the training chats, before they are
+    tokenized: summary.json's ``data.template_mismatch``."""
+    data = recipe.data
+    rows = train.select(sample(len(train), data.seed))
+    return check_template(list(rows), lambda i: _place(data.train, rows, i), tokenizer, template,
+                          on_mismatch=data.on_template_mismatch, say=say, tools=data.tool_list)
+
+
 def _streamed(recipe: Recipe, tokenizer, template: str | None, say, world_size: int) -> PreparedData:
     """The training stream, and the evaluation rows (read whole and tokenized as without streaming)."""
     from .stream import streamed_train
 
     stats: dict = {}
+    if template is not None and FORMATS[recipe.data.train[0].format].conversations:  # a stream's first rows alone
+        rows = [(where, row) for where, row in first_rows(recipe, FIRST) if isinstance(row, dict)]
+        stats["template_mismatch"] = check_template(
+            [row for _, row in rows], lambda i: rows[i][0], tokenizer, template,
+            on_mismatch=recipe.data.on_template_mismatch, say=say, tools=recipe.data.tool_list)
     train = streamed_train(recipe, tokenizer, template, world_size, say, stats)
     evaluation, sources = None, recipe.data.eval_sources
     if sources:
         report = BadRows()
         rows = read_sources(recipe, sources, [f"data.eval.{i}" for i in range(len(sources))], report)
-        settings = TokenizeSettings(template=template, max_length=recipe.data.max_length,
-                                    truncation=recipe.data.truncation, train_on=recipe.data.train_on)
+        settings = TokenizeSettings.of(recipe.data, template)
         length_column = recipe.train_args.get("length_column_name", "length")
         evaluation, counts, _ = _tokenize(rows, tokenizer, settings, recipe.data.num_proc, "eval", length_column)
         evaluation = evaluation.remove_columns(SOURCE)
@@ -255,7 +276,7 @@ def _streamed(recipe: Recipe, tokenizer, template: str | None, say, world_size: 
 
 
 def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: str, length_column: str,
-              seeing: _Seeing | None = None):
+              seeing: _Seeing | None = None, refuse: Callable | None = None):
     # num_proc 1 tokenizes in this process, as None does: datasets would start one worker for it and turn the
     # tokenizer's own threads off there, the slowest way to use one process (benchmarks/data_scale.py)
     kwargs = {"tokenizer": tokenizer, "settings": settings, **({"images": seeing.tokens} if seeing else {})}
@@ -266,6 +287,8 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     at = None  # where rows were dropped before the counts: the position in ``dataset`` of each row kept
     if seeing is not None:
         tokenized, at = seeing.checked(tokenized, dataset, name)
+    elif refuse is not None:  # chat rows the template cannot render whole: named, or skipped and counted
+        tokenized, at = refuse(tokenized, dataset, name)
     # counted in Arrow: iterating a column row by row costs more than the tokenization itself
     truncated, too_long, no_loss = (_column(tokenized, flag) for flag in FLAGS)
     dropped_no_loss = _count(pc.and_(no_loss, pc.invert(too_long)))
@@ -287,7 +310,7 @@ def _tokenize(dataset, tokenizer, settings: TokenizeSettings, num_proc, name: st
     full = checks.pop("trained_tokens_full")
     checks["trained_tokens_cut"] = full - _count(_column(tokenized, "ft_trained"))
     checks["trained_tokens_cut_share"] = round(checks["trained_tokens_cut"] / full, 4) if full else 0.0
-    columns = [*FLAGS, *STATS]
+    columns = [*FLAGS, *STATS, *BAD]
     if seeing is not None:
         checks["images"] = seeing.counted(tokenized)
         columns += [*IMAGE_FLAGS, *IMAGE_STATS]
@@ -384,6 +407,8 @@ def _tokenize_to_arrow(batch: dict, tokenizer, settings: TokenizeSettings, image
     out["labels"] = ids if shared else _list_array(out["labels"])
     out["input_ids"] = ids
     out[SOURCE] = batch[SOURCE]  # which source each row came from, for the mixture
+    for column in BAD:  # chat rows say why the template cannot render one whole; other rows cannot be bad so
+        out.setdefault(column, [""] * len(out["input_ids"]))
     return pa.table(out, schema=_features(images is not None).arrow_schema)
 
 
@@ -404,6 +429,7 @@ def _features(images: bool = False):
               **{column: Value("int32") for column in IMAGE_STATS}} if images else {}
     return Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
                      "length": Value("int32"), **{flag: Value("bool") for flag in FLAGS},
+                     **{column: Value("string") for column in BAD},
                      **{column: Value("int32") for column in STATS}, SOURCE: Value("int32"), **seeing})
 
 

@@ -9,10 +9,18 @@ validation reads (it may not import this module): ``register`` refuses a name th
 
 Canonical layouts (what TRL's trainers read):
 
-- ``chat`` and ``instruction`` -> ``messages``: a list of ``{"role", "content"}`` (other message keys are dropped); a
-  content given as a list of parts (``[{"type": "text", "text": …}, …]``, as OpenAI's and multimodal chat templates
-  write it) becomes the text of its text parts, joined as those templates join them (with nothing between); an image
-  part makes the row bad (``image_content``): the canonical chat holds text, for text models;
+- ``chat`` and ``instruction`` -> ``messages``: a list of ``{"role", "content"}``; a content given as a list of parts
+  (``[{"type": "text", "text": …}, …]``, as OpenAI's and multimodal chat templates write it) becomes the text of its
+  text parts, joined as those templates join them (with nothing between); an image part makes the row bad
+  (``image_content``): the canonical chat holds text, for text models. A ``chat`` message also keeps what chat
+  templates render beside the text (``CHAT_KEYS``, each only where given): an assistant's ``tool_calls`` (OpenAI's
+  ``[{"id", "type": "function", "function": {"name", "arguments"}}]``, arguments given as an object or as a JSON string
+  and kept as the object) and ``reasoning_content`` (its thinking; a source's ``thinking`` or ``reasoning`` is read
+  through ``fields:``), a ``tool`` message's ``tool_call_id`` and ``name``; and a row's ``tools`` (JSON-schema function
+  definitions, ``{"type": "function", "function": {…}}``) become the ``tools`` column. Other message keys are dropped.
+  Tool calls' arguments and tools' schemas differ in shape from row to row, which no one Arrow struct holds, so each
+  message is stored as its JSON text (``datasets.Json``: read back exactly as written, no key added) and ``tools`` too;
+  ``ft.data.templates.render`` hands them to the template;
 - for a vision-language model (``Names.images`` set) the same formats -> ``messages`` whose every content is a list
   of parts, ``{"type": "text", "text": …}`` or ``{"type": "image", "text": None}``, and ``images``: the images' paths
   (or URLs), resolved and checked, in the order of their parts. Images come as content parts (``{"type": "image",
@@ -50,12 +58,14 @@ import pyarrow.compute as pc
 from datasets.fingerprint import Hasher
 
 from ..recipe import names as offered
-from ..recipe.data_section import DataSource, ImageSettings
+from ..recipe.data_section import DataSource, ImageSettings, function_schemas
 from .images import ImageChanged, ImageSource, load_image
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
 
 Row = dict
 ROLES = ("system", "user", "assistant", "tool")
+CHAT_KEYS = ("tool_calls", "reasoning_content", "tool_call_id", "name")  # what a chat message keeps beside its text
+REASONING_ALIASES = ("thinking", "reasoning")  # other datasets' names for reasoning_content, read through `fields:`
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,11 @@ class Format(ABC):
         ``convert`` then runs, and names the bad rows). None unless a format has such a fast path."""
         return None
 
+    def typed(self, names: Names) -> dict:
+        """The ``datasets`` features of the canonical columns this format types itself (others follow its first good
+        row, or the source)."""
+        return {}
+
     def output_columns(self, source_columns: list[str], names: Names) -> list[str]:
         if not self.keeps_extra:
             return list(self.columns)
@@ -176,26 +191,43 @@ class Conversation(Format):
     conversations = True
     holds_images = True
 
+    def typed(self, names: Names) -> dict:
+        """A text model's messages are stored each as its JSON text (the module's docstring); a vision-language model's
+        (lists of parts) follow the first good row."""
+        return {} if names.images is not None else {"messages": datasets.List(datasets.Json())}
+
     def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[list, str] | None:
+        """The messages before the last assistant turn (their tool calls and results kept) and that turn's text; None
+        when that turn is a tool call (its text is not the answer) or has nothing before it."""
         messages = row["messages"]
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-        if not last:  # no assistant turn, or one with nothing before it
+        if not last or messages[last].get("tool_calls"):
             return None
-        return [{"role": m["role"], "content": m["content"]} for m in messages[:last]], _content(messages[last])
+        return [dict(m) for m in messages[:last]], _content(messages[last])
 
 
 @register
 class Chat(Conversation):
     name = "chat"
 
+    def typed(self, names: Names) -> dict:
+        return {**super().typed(names), **({"tools": datasets.Json()} if names.images is None else {})}
+
+    def output_columns(self, source_columns: list[str], names: Names) -> list[str]:
+        """``messages``, and ``tools`` when the source has a column of them (``fields:`` may name it)."""
+        has_tools = names.images is None and names("tools") in source_columns
+        return [*self.columns, *(["tools"] if has_tools else [])]
+
     def convert(self, row: Row, names: Names) -> Row:
         field = names("messages")
         if names.images is not None:
+            _no_tool_fields(row, names, field)
             return _seeing_chat(row, names, field)
-        messages = _messages(value_of(row, field, list), names, field)
+        messages = _chat_messages(value_of(row, field, list), names, field)
         _needs_assistant(messages, field)
         _no_listed_images(row, names)
-        return {"messages": messages}
+        tools = _row_tools(row, names)
+        return {"messages": messages, **({"tools": tools} if tools else {})}
 
     def example(self, case: Sum, names: Names, chat: bool, answer_fields: Sequence[str]) -> Row:
         """One question and its answer; every third chat asks a second question."""
@@ -378,7 +410,7 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
                     shown.append((row[ROW], error))
                 continue
             for name in columns:
-                value = converted[name]
+                value = converted.get(name)  # an optional column (a chat's ``tools``) a row may not give
                 out[name].append(json.dumps(value) if name in as_json and value is not None else value)
             out[ROW].append(row[ROW])
         return out
@@ -484,6 +516,7 @@ def _layout(rows: _Undecoded, fmt: Format, names: Names, columns: list[str]):
         content = [{"type": text, "text": text}] if names.images is not None else text  # parts, for a vision model
         typed = {c: [{"role": text, "content": content}] if k else text
                  for c, k in zip(fmt.columns, kinds, strict=True)}
+        typed.update(fmt.typed(names))
         if names.images is not None:
             typed["images"] = datasets.List(text)
         features = {c: typed[c] if c in typed else datasets.Json() if isinstance(dataset.features[c], datasets.Json)
@@ -526,6 +559,129 @@ def _messages(value: list, names: Names, field: str) -> list[dict]:
             raise RowError("empty_content", "is empty", f"{where}.{content_key}")
         messages.append({"role": role, "content": content})
     return messages
+
+
+def _chat_messages(value: list, names: Names, field: str) -> list[dict]:
+    """A ``chat`` row's canonical messages (``_messages``), each with the keys of ``CHAT_KEYS`` it carries: an
+    assistant's tool calls (its content may then be empty or null) and reasoning, a tool message's ``tool_call_id`` and
+    ``name``. What a template would silently drop is refused, named: tool calls or reasoning on another role,
+    reasoning under a name ``fields:`` does not map."""
+    if not value:
+        raise RowError("empty_chat", "has no messages", field)
+    content_key = names("content")
+    messages = []
+    for i, message in enumerate(value):
+        where = f"{field}[{i}]"
+        role = _role(message, names, where)
+        calls = _tool_calls(message, names, where, role)
+        reasoning = _reasoning(message, names, where, role)
+        raw = message.get(content_key)
+        if isinstance(raw, list):
+            content = _parts_text(raw, f"{where}.{content_key}")
+        elif raw is None and calls:
+            content = ""
+        else:
+            content = value_of(message, content_key, str, f"{where}.{content_key}")
+        if role != "system" and not content.strip() and not calls:
+            raise RowError("empty_content", "is empty", f"{where}.{content_key}")
+        out = {"role": role, "content": content}
+        if calls:
+            out["tool_calls"] = calls
+        if reasoning:
+            out["reasoning_content"] = reasoning
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if message.get(names(key)) is not None:
+                    out[key] = value_of(message, names(key), str, f"{where}.{names(key)}")
+        messages.append(out)
+    return messages
+
+
+def _tool_calls(message: dict, names: Names, where: str, role: str) -> list[dict] | None:
+    """An assistant message's tool calls as ``[{"id"?, "type": "function", "function": {"name", "arguments"}}]``, the
+    arguments an object (a JSON string is parsed); None when it has none. A call of another shape, arguments that are
+    not a JSON object, or calls on a message of another role make the row bad (``bad_tool_call``)."""
+    key = names("tool_calls")
+    value = message.get(key)
+    if value is None or value == []:
+        return None
+    at = f"{where}.{key}"
+    if role != "assistant":
+        raise RowError("bad_tool_call", f"a {role} message with tool calls: only assistant messages make them", at)
+    if not isinstance(value, list):
+        raise RowError("bad_tool_call", f"expected a list of tool calls, got {kind_of(value)}", at)
+    calls = []
+    for j, call in enumerate(value):
+        here = f"{at}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function" \
+                or not isinstance(function.get("name"), str) or not function["name"].strip():
+            raise RowError("bad_tool_call", 'expected {"type": "function", "function": {"name": …, "arguments": …}} '
+                           f"(OpenAI's layout), got {json.dumps(call)[:120]}", here)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError as exc:
+                raise RowError("bad_tool_call", f"the arguments are a string that is not valid JSON ({exc}): "
+                               f"{function['arguments'][:80]!r}", f"{here}.function.arguments") from None
+        if not isinstance(arguments, dict):
+            raise RowError("bad_tool_call", f"the arguments must be a JSON object (name -> value), got "
+                           f"{kind_of(arguments)}", f"{here}.function.arguments")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise RowError("bad_tool_call", f"a call's id must be text, got {kind_of(call['id'])}", f"{here}.id")
+        calls.append({**({"id": call["id"]} if call.get("id") is not None else {}), "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
+
+
+def _reasoning(message: dict, names: Names, where: str, role: str) -> str | None:
+    """An assistant message's reasoning (``reasoning_content``, or the source's name for it in ``fields:``); None when
+    it has none. Reasoning under another common name that ``fields:`` does not map would be dropped, so it makes the
+    row bad (``unmapped_reasoning``), as does reasoning on a message of another role."""
+    key = names("reasoning_content")
+    for alias in REASONING_ALIASES:
+        if alias != key and isinstance(message.get(alias), str) and message[alias].strip():
+            raise RowError("unmapped_reasoning", f"reasoning under {alias!r}, which ft reads only when the source's "
+                           f"`fields:` maps it: fields: {{reasoning_content: {alias}}}", f"{where}.{alias}")
+    value = message.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RowError("wrong_type", f"expected text, got {kind_of(value)}", f"{where}.{key}")
+    if value.strip() and role != "assistant":
+        raise RowError("wrong_type", f"reasoning on a {role} message: only assistant turns carry it", f"{where}.{key}")
+    return value if value.strip() else None
+
+
+def _row_tools(row: Row, names: Names) -> list[dict] | None:
+    """A row's tool definitions (a list, or its JSON text) as ``function_schemas`` gives them; None without."""
+    key = names("tools")
+    value = row.get(key)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except ValueError as exc:
+            raise RowError("bad_tools", f"a string that is not valid JSON ({exc})", key) from None
+    if not value:
+        return None
+    try:
+        return function_schemas(value)
+    except ValueError as exc:
+        raise RowError("bad_tools", str(exc), key) from None
+
+
+def _no_tool_fields(row: Row, names: Names, field: str) -> None:
+    """A vision-language model's chat with tool calls, tools or reasoning is bad (``vision_tools``): its canonical
+    messages hold parts only, and would drop them."""
+    if row.get(names("tools")):
+        raise RowError("vision_tools", "tools in a vision-language model's chat: ft reads tools, tool calls and "
+                       "reasoning in text models' chats only", names("tools"))
+    for i, message in enumerate(row.get(field) or ()):
+        for key in (names("tool_calls"), names("reasoning_content"), *REASONING_ALIASES):
+            if isinstance(message, dict) and message.get(key):
+                raise RowError("vision_tools", "a vision-language model's chat message with tool calls or reasoning: "
+                               "ft reads them in text models' chats only", f"{field}[{i}].{key}")
 
 
 def _role(message, names: Names, where: str) -> str:

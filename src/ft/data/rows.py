@@ -7,11 +7,15 @@ is all a report needs to point the user at the row (``file.jsonl:7``, ``file.csv
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import FtError
 
 ROW = "__ft_row"
+BAD = ("ft_bad_reason", "ft_bad_detail")  # tokenized chat rows the template cannot render whole (ft.data.tokenize)
 SOURCE = "__ft_source"  # the row's source: its index in data.train (or data.eval)
 SHOWN = 5  # bad rows listed in an error; the rest are only counted
 BLANK = " \t\n\r\x0b\x0c"  # a line of only these is not a row (ASCII whitespace, as arrow's JSON reader)
@@ -36,6 +40,17 @@ REASONS = {
     "image_count": "a row's `<image>` placeholders and its `images` list disagree in number",
     "image_place": "a preference or prompt row has an image where TRL reads none: in an answer, or beside a prompt "
                    "given as text (images go in a prompt given as messages)",
+    "bad_tool_call": "an assistant's `tool_calls` is not a list of OpenAI tool calls ({type: function, function: "
+                     "{name, arguments}}), or a call's arguments are not a JSON object (an unparsable JSON string)",
+    "bad_tools": "a row's `tools` is not a list of tool definitions ({type: function, function: {name, ...}})",
+    "unmapped_reasoning": "a message carries reasoning under `thinking` or `reasoning`, which ft reads only through "
+                          "`fields:` (e.g. fields: {reasoning_content: thinking})",
+    "vision_tools": "a vision-language model's chat carries tool calls, tools or reasoning, which ft reads in text "
+                    "models' chats only",
+    "template_drops": "the chat template does not write a row's tool call, tool definitions, reasoning, or an "
+                      "assistant's text beside its tool calls: the row would train without them",
+    "template_error": "the chat template refuses the row (its own error, e.g. roles that must alternate, or a tool "
+                      "call id of the wrong length)",
 }
 FIX = "Fix these rows, map the fields with `fields:`/`roles:`, or set `data.on_bad_row: skip`."
 
@@ -135,6 +150,44 @@ def bad_rows_error(key: str | None, source, bad: list[tuple[int, RowError]], tot
     head = f"{key}: " if key else ""
     return DataError(f"{head}{_rows(total, 'bad row')} in {source.path} (format `{source.format}`){first}:\n"
                      f"{listed}\n{FIX}")
+
+
+def refused_rendered(tokenized, dataset, sources: list, split: str, on_bad_row: str, report: BadRows,
+                     say: Callable[[str], None]):
+    """The rows of ``tokenized`` (a split tokenized by ``ft.data.tokenize.tokenize_arrays``, with its ``BAD`` columns)
+    that may train, and the position in ``dataset`` (its canonical rows, in the same order, with ``__ft_row`` and
+    ``__ft_source``; ``sources``: the split's ``DataSource`` list) of each, or None when all may.
+
+    A chat row whose template cannot render it whole (a tool call, the tools, a reasoning or an assistant's text it
+    does not write: ``template_drops``; its own error: ``template_error``) is a bad row like a malformed one: under
+    ``on_bad_row: error`` a DataError lists the first few by ``file:line`` with the fix, under ``skip`` they are
+    dropped and counted in ``report`` per source and reason. Read in Arrow: a split of good rows costs one scan."""
+    import pyarrow.compute as pc
+
+    reasons = tokenized.with_format("arrow")[BAD[0]]
+    bad = np.flatnonzero(np.asarray(pc.not_equal(reasons, "").to_numpy(zero_copy_only=False)))
+    if not len(bad):
+        return tokenized, None
+
+    def place(index: int) -> str:
+        row = dataset[index]
+        return locate(sources[row[SOURCE]], [row[ROW]])[row[ROW]]
+
+    if on_bad_row == "error":
+        shown = bad[:SHOWN].tolist()
+        listed = "\n".join(f"  {place(i)}: {tokenized[i][BAD[1]]}" for i in shown)
+        first = f"; the first {len(shown)}" if len(bad) > len(shown) else ""
+        raise DataError(f"data.{split}: {_rows(len(bad), 'row')} the chat template cannot render whole{first}:\n"
+                        f"{listed}\nUse a chat template that writes them (data.chat_template), fix these rows, or set "
+                        "`data.on_bad_row: skip` to drop them (counted).")
+    kinds = tokenized.select(bad)[BAD[0]]
+    origins = dataset.select(bad)[SOURCE]
+    for (source, reason), count in Counter(zip(origins, kinds, strict=True)).items():
+        report.add(f"data.{split}.{source}", reason, count)
+    say(f"data: {split}: skipped {_rows(len(bad))} the chat template cannot render whole ("
+        + ", ".join(f"{reason}: {count}" for reason, count in _ordered(Counter(kinds))) + ")")
+    kept = np.flatnonzero(np.asarray(pc.equal(reasons, "").to_numpy(zero_copy_only=False)))
+    return tokenized.select(kept), kept
 
 
 def locate(source, rows: list[int]) -> dict[int, str]:

@@ -1,12 +1,19 @@
-"""Chat templates: the built-in ones, resolving ``data.chat_template``, and finding a template's end-of-turn text.
+"""Chat templates: the built-in ones, resolving ``data.chat_template`` (with ``data.chat_template_kwargs`` written in
+as defaults), rendering a canonical chat (its tool calls and tools), and finding a template's end-of-turn text.
 
 The built-ins wrap assistant turns in ``{% generation %}`` markers, so transformers' own assistant mask
 (``return_assistant_tokens_mask=True``) works with them too.
+
+Canonical chat rows keep what Arrow cannot type as one struct as JSON text (``ft.data.formats``): an assistant's
+``tool_calls`` and a row's ``tools``; a message lacks a key other messages of its source have as a null. ``render``
+(and ``template_messages``, ``template_tools``) turn them back into what templates read, here, where a chat is
+rendered, and only here: training, exact match and ``ft generate`` render through it.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 
 CHATML = (
@@ -40,12 +47,93 @@ class TemplateError(ValueError):
     """``data.chat_template`` cannot be resolved or rendered; the message names the key and the fix."""
 
 
-def resolve_chat_template(spec: str | None, tokenizer) -> str:
-    """The Jinja template for ``data.chat_template``.
+def resolve_chat_template(spec: str | None, tokenizer, kwargs: dict | None = None) -> str:
+    """The Jinja template for ``data.chat_template``, with ``kwargs`` (``data.chat_template_kwargs``) written in as its
+    defaults (``with_defaults``).
 
     None -> the tokenizer's own template; a built-in name (``chatml``, ``llama3``) -> that template; a string
     containing ``{{`` or ``{%`` -> the string itself (inline Jinja). Anything else is a TemplateError.
     """
+    return with_defaults(_resolved(spec, tokenizer), kwargs or {})
+
+
+def with_defaults(template: str, kwargs: dict) -> str:
+    """``template`` that reads each of ``kwargs`` (e.g. ``enable_thinking: false``) as its value when the caller passes
+    none: ``{%- if enable_thinking is not defined %}{%- set enable_thinking = false %}{%- endif %}`` before the
+    template's own text, the way Llama 3.1's template defaults its ``date_string``. The template a run trains with is
+    the one final/ ships (``ft train`` sets it on the tokenizer), so training, exact match, ``ft generate`` and any
+    other reader of final/ render with the same values, with no setting to carry beside the template; a caller's
+    own ``enable_thinking=True`` still wins."""
+    if not kwargs:
+        return template
+    head = "".join(f"{{%- if {name} is not defined %}}{{%- set {name} = {_literal(value)} %}}{{%- endif %}}"
+                   for name, value in kwargs.items())
+    # transformers renders with trim_blocks: the newline right after the last block tag would be dropped
+    return head + ("\n" if template.startswith("\n") else "") + template
+
+
+def _literal(value) -> str:
+    """``value`` (a YAML scalar, list or map) as a Jinja literal."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(str(k))}: {_literal(v)}" for k, v in value.items()) + "}"
+    raise TemplateError(f"data.chat_template_kwargs: {value!r} cannot be written into a template; use text, numbers, "
+                        "true/false, lists and maps.")
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Canonical messages as chat templates read them: a key whose value is null dropped (a message has only the keys
+    it was given: templates test ``'tool_calls' in message``), and ``tool_calls`` decoded from the JSON text the
+    canonical rows keep it as (each call ``{"type": "function", "function": {"name", "arguments": {…}}}``, with its
+    ``id`` when it has one)."""
+    out = []
+    for message in messages:
+        message = {key: value for key, value in message.items() if value is not None}
+        if isinstance(message.get("tool_calls"), str):
+            message["tool_calls"] = json.loads(message["tool_calls"])
+        out.append(message)
+    return out
+
+
+def template_tools(tools) -> list[dict] | None:
+    """A chat's tool definitions as templates read them: the list, decoded from JSON text when a canonical row keeps
+    it so; None when there are none."""
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    return tools or None
+
+
+def render(tokenizer, template: str | None, messages: list[dict], tools=None, generation: bool = False) -> str:
+    """``messages`` (canonical: ``template_messages``) rendered with ``template`` (None: the tokenizer's own) and
+    ``tools`` (a list, or JSON text), with the generation prompt when ``generation``: the one way ft renders a chat."""
+    return tokenizer.apply_chat_template(template_messages(messages), tools=template_tools(tools), tokenize=False,
+                                         chat_template=template, add_generation_prompt=generation)
+
+
+def reasoning_closing(template: str, tokenizer) -> str:
+    """The text ``template`` writes between an assistant's reasoning and its answer (``"\\n</think>\\n\\n"`` for
+    Qwen3), read from a probe turn; ``""`` when it writes none (or no reasoning). The masks count it as the
+    reasoning's (``data.train_on_reasoning``)."""
+    probe = [{"role": "user", "content": _marker("user")},
+             {"role": "assistant", "content": _marker("assistant"), "reasoning_content": _marker("reasoning")}]
+    try:
+        text = render(tokenizer, template, probe)
+    except Exception:  # a template that refuses the probe writes no reasoning ft could mask
+        return ""
+    start, end = text.find(_marker("reasoning")), text.find(_marker("assistant"))
+    if start < 0 or end < start:
+        return ""
+    return text[start + len(_marker("reasoning")):end]
+
+
+def _resolved(spec: str | None, tokenizer) -> str:
     if spec is None:
         own = getattr(tokenizer, "chat_template", None)
         if isinstance(own, dict):  # several named templates: the default one is the chat template

@@ -8,8 +8,10 @@ to say (``Format.prompt_and_answer`` in ``ft.data.formats``: a chat's conversati
 that turn, a preference pair's prompt and ``chosen`` answer, a prompt row's prompt and ``answer`` field, a text row's
 ``prompt`` and ``completion``).
 
-A prompt given as messages is rendered with the chat template (as the trainers render it); a text prompt is
-continued as it is.
+A prompt given as messages is rendered with the chat template (as the trainers render it: ``ft.data.templates.render``,
+with the row's own ``tools``, else ``data.tools``; ``data.chat_template_kwargs`` are written into the template the run
+trains with, so the same ones apply); a text prompt is continued as it is. A held-out chat whose last assistant turn is
+a tool call has no text answer to compare, and is not scored.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..data.rows import SOURCE, BadRows, DataError
+from ..data.templates import render
 from ..model.loading import text_tokenizer
 
 EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
@@ -25,9 +28,10 @@ EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 
 @dataclass(frozen=True)
 class HeldOut:
-    prompt: str | list  # text, or a list of {role, content} messages
+    prompt: str | list  # text, or a list of {role, content} messages (with their tool calls, as canonical rows hold)
     answer: str
     images: tuple[str, ...] = ()  # a vision-language model's row: its images' paths (or URLs), in the prompt's order
+    tools: list | None = None  # the tool definitions the template renders with a chat prompt (the row's, or data.tools)
 
 
 def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
@@ -55,7 +59,7 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
-            texts = [_rendered(tokenizer, row.prompt) for row in batch]
+            texts = [_rendered(tokenizer, row.prompt, row.tools) for row in batch]
             templated = isinstance(batch[0].prompt, list)  # a rendered template holds its special tokens
             encoded = tokenizer(text=texts, return_tensors="pt", padding=True, add_special_tokens=not templated,
                                 **_pictures(batch, sizing)).to(model.device)
@@ -100,11 +104,12 @@ def held_out_rows(recipe, n: int | None = None, images: bool = False) -> list[He
         raise DataError("data.eval_exact_match: the recipe has no held-out data to score; give `data.eval` or "
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
     formats = [FORMATS[source.format] for source in sources]
+    tools = recipe.data.tool_list
     rows = []
     for row in dataset:
         held = formats[row[SOURCE]].prompt_and_answer(row, field)
         if held is not None:
-            rows.append(HeldOut(*held, images=tuple(row.get("images") or ())))
+            rows.append(HeldOut(*held, images=tuple(row.get("images") or ()), tools=row.get("tools") or tools))
             if n is not None and len(rows) == n:
                 break
     if not rows:
@@ -205,10 +210,10 @@ def _pictures(batch: Sequence[HeldOut], sizing) -> dict:
     return {"images": [[load_image(ref, sizing) for ref in row.images] for row in batch]}
 
 
-def _rendered(tokenizer, prompt) -> str:
+def _rendered(tokenizer, prompt, tools: list | None = None) -> str:
     if isinstance(prompt, str):
         return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return render(tokenizer, None, prompt, tools, generation=True)
 
 
 def _shown(prompt) -> str:

@@ -3,7 +3,12 @@ merged model, rendered with the chat template the run trained with.
 
 A vision-language run (its processing class a processor: ``ft.model.locate.load_processing_class``) renders each
 prompt as a user message of content parts, ``--image`` first when given, and its processor turns the rendered text
-and the image into the model's inputs (the image token expanded, ``pixel_values``), as in training."""
+and the image into the model's inputs (the image token expanded, ``pixel_values``), as in training.
+
+``--tools FILE`` (a JSON list of tool definitions, as ``data.tools`` takes) is rendered with every chat prompt, as
+training renders a row's tools (``ft.data.templates.render``); a ``--file`` line may carry its own ``tools``. The
+run's ``data.chat_template_kwargs`` need no flag: they are written into the template final/ ships
+(``ft.data.templates.with_defaults``)."""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.templates import render
 from ..errors import FtError
 from ..model.loading import text_tokenizer
 from ..model.locate import load_for_generation
+from ..recipe.data_section import function_schemas, tool_file
 from ..recipe.errors import first_line
 
 
@@ -31,11 +38,18 @@ class Sampling:
 
 
 def generate(path: Path, items: list[tuple[str, dict]], sampling: Sampling, dtype: str | None = None,
-             seed: int | None = None, say: Callable[[str], None] = print, image: Path | None = None) -> Iterator[str]:
+             seed: int | None = None, say: Callable[[str], None] = print, image: Path | None = None,
+             tools: Path | None = None) -> Iterator[str]:
     """The completion of each (where, item) in turn. Every prompt is rendered before the first completion, so a
     bad line fails before any output; ``seed`` is set once, so a whole file of samples is reproducible. ``image``
-    (``--image``): a picture every prompt asks about, for a vision-language model; read before the model loads."""
+    (``--image``): a picture every prompt asks about, for a vision-language model; ``tools`` (``--tools``): a JSON file
+    of tool definitions the template renders with every prompt that has none of its own; both read before the model
+    loads."""
     picture = read_image(image) if image is not None else None
+    listed = read_tools(tools) if tools is not None else None
+    if listed is not None and not sampling.chat_template:
+        raise InferenceError("--tools: the tools are written into the prompt by the chat template, and "
+                             "--no-chat-template was given; drop one of the two.")
     model, tokenizer = load_for_generation(path, dtype, say)
     if picture is not None and not sees(tokenizer):
         raise InferenceError(f"--image: {path} is a text model, which reads no images; drop --image, or generate "
@@ -44,7 +58,7 @@ def generate(path: Path, items: list[tuple[str, dict]], sampling: Sampling, dtyp
         raise InferenceError("--image: the image is placed in the prompt by the chat template (its image token), and "
                              + ("--no-chat-template was given" if not sampling.chat_template else
                                 "the model's processor has no chat template") + "; drop --no-chat-template.")
-    texts = [prompt_text(tokenizer, item, sampling, where, picture is not None) for where, item in items]
+    texts = [prompt_text(tokenizer, item, sampling, where, picture is not None, listed) for where, item in items]
     if seed is not None:
         from transformers import set_seed
 
@@ -73,12 +87,28 @@ def read_image(path: Path):
                              "another format PIL reads.") from None
 
 
-def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bool = False) -> tuple[str, bool]:
+def read_tools(path: Path) -> list[dict]:
+    """``--tools``: the tool definitions of a JSON file (a list, as ``data.tools`` takes), checked before any model
+    loads; refused naming the flag and what is wrong."""
+    try:
+        return tool_file(path)
+    except ValueError as exc:
+        raise InferenceError(f"--tools: {exc}; give a JSON file holding a list of tool definitions, e.g. "
+                             '[{"type": "function", "function": {"name": "get_weather", "parameters": …}}].') from None
+
+
+def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bool = False,
+                tools: list | None = None) -> tuple[str, bool]:
     """The text the model continues, and whether it already holds the special tokens (a rendered template). A
     plain prompt becomes the user's message when the tokenizer has a chat template, as in training. A processor's
     template reads content parts (SmolVLM's takes no plain string): each message's text becomes a text part, and
-    ``image`` puts an image part first in the last user message."""
+    ``image`` puts an image part first in the last user message. The template renders the item's own ``tools``, else
+    ``tools`` (``--tools``)."""
     templated = sampling.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    if not templated and (tools or item.get("tools")):
+        raise InferenceError(f"{where}: tools are written into the prompt by the chat template, and "
+                             + ("--no-chat-template was given" if not sampling.chat_template else
+                                "the model has no chat template") + "; drop the tools, or use a chat model.")
     if not templated and "messages" in item:
         why = "--no-chat-template was given" if not sampling.chat_template else "the tokenizer has no chat template"
         raise InferenceError(f"{where}: `messages` are rendered with the chat template, and {why}; give a `prompt` "
@@ -93,7 +123,7 @@ def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bo
         last = max(i for i, m in enumerate(messages) if m["role"] == "user") if any(
             m["role"] == "user" for m in messages) else len(messages) - 1
         messages[last] = {**messages[last], "content": [{"type": "image"}, *messages[last]["content"]]}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+    return render(tokenizer, None, messages, item.get("tools") or tools, generation=True), True
 
 
 def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling, image=None) -> str:
@@ -158,7 +188,13 @@ def read_prompts(path: Path) -> list[tuple[str, dict]]:
 def _check_item(item: object, where: str) -> None:
     if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
         raise InferenceError(f"{where}: each line needs exactly one of `prompt` (text) or `messages` (a list of "
-                             '{"role", "content"} objects).')
+                             '{"role", "content"} objects), and may have `tools`.')
+    if item.get("tools") is not None:
+        try:
+            item["tools"] = function_schemas(item["tools"])
+        except ValueError as exc:
+            raise InferenceError(f"{where}: `tools`: {exc}; give a list of tool definitions, as --tools "
+                                 "takes.") from None
     if "prompt" in item and not isinstance(item["prompt"], str):
         raise InferenceError(f"{where}: `prompt` must be a string.")
     if "messages" in item and not _is_chat(item["messages"]):

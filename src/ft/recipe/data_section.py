@@ -7,9 +7,12 @@ Relative source paths are resolved against the recipe file's directory; ``prepar
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, PositiveInt, StrictBool, StrictStr, field_validator, model_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
 
 from .base import Section, resolve_input_path
 from .names import FORMATS
@@ -95,6 +98,22 @@ class DataSection(Section):
         "assistant", description="Which tokens carry loss: assistant turns (chat) / completions (text) only, or all.")
     chat_template: Optional[StrictStr] = Field(
         None, description="Unset: the tokenizer's own; `chatml` or `llama3`; or an inline Jinja template.")
+    chat_template_kwargs: dict[StrictStr, Any] = Field(
+        default_factory=dict, description="Variables the chat template reads, e.g. {enable_thinking: false} (Qwen3) "
+        "or {date_string: 26 Jul 2024} (Llama 3.1): written into the template as their defaults, so that training, "
+        "exact match, `ft generate` and the template final/ ships all render with them (a caller's own value still "
+        "wins).")
+    tools: Optional[Union[StrictStr, list[dict[StrictStr, Any]]]] = Field(
+        None, description="Tool (function) definitions the chat template renders for every chat row without a "
+        "`tools` field of its own: a JSON file holding a list of JSON schemas (relative to the recipe), or the list "
+        "inline, e.g. [{type: function, function: {name: get_weather, description: ..., parameters: {...}}}].")
+    train_on_reasoning: StrictBool = Field(
+        True, description="Train on the assistant's reasoning (`reasoning_content`, written by the template, e.g. in "
+        "<think>); false masks a turn from its start through its reasoning and the tag closing it (</think>), and "
+        "the answer and calls after it still train.")
+    train_on_tool_calls: StrictBool = Field(
+        True, description="Train on the assistant's tool calls (the JSON and tags the template writes for them); "
+        "false masks everything a turn writes after its text: the calls and, when the turn is only calls, the turn.")
     num_proc: Optional[PositiveInt] = Field(
         None, description="Processes that tokenize (TRL's `dataset_num_proc` for the methods TRL tokenizes). For SFT, "
         "unset or 1 tokenizes in this process, where the tokenizer uses its own threads.")
@@ -108,6 +127,11 @@ class DataSection(Section):
     on_missing_stop: Literal["warn", "error"] = Field(
         "warn", description="Trained turns whose last trained token is not the one that ends a turn (the model would "
         "not learn to stop): warn with the count and an example, or refuse the data (SFT).")
+    on_template_mismatch: Literal["warn", "error"] = Field(
+        "warn", description="Sampled chat rows whose chat template renders an assistant turn, or the prompt before "
+        "it, otherwise when the model is asked for that turn (add_generation_prompt on the turns before it) than in "
+        "the training text (earlier turns' reasoning dropped, a date injected, whitespace): warn with the first "
+        "differing tokens and the row, or refuse the data (SFT).")
     eval_exact_match: Optional[ExactMatchSettings] = Field(None, description="Greedy exact match after training.")
     image: Optional[ImageSettings] = Field(
         None, description="Vision-language models: how images are sized before the model's image processor (unset: "
@@ -122,6 +146,39 @@ class DataSection(Section):
         "given all its rows (the others repeat); all_exhausted_without_replacement: when every row has been "
         "drawn once (proportions hold while every source lasts). `train.max_steps` may stop training sooner or "
         "run several epochs of the mixture.")
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_read(cls, value, info: ValidationInfo):
+        """A path is made absolute against the recipe's folder and read now, so that a missing file or a list that is
+        not function schemas fails at `ft validate`, not on the GPU machine."""
+        if isinstance(value, str):
+            path = Path(value)
+            if not path.is_absolute():
+                path = Path((info.context or {}).get("base_dir", ".")) / path
+            tool_file(path)
+            return str(path.resolve())
+        function_schemas(value)
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict):
+        for name in value:
+            if not _IDENTIFIER.fullmatch(name):
+                raise ValueError(f"{name!r} is not a template variable name (letters, digits and _, not starting "
+                                 "with a digit)")
+            if name in RENDER_ARGUMENTS:
+                raise ValueError(f"{name!r} is what ft (or transformers) passes to the template itself; set it "
+                                 "with its own key (data.tools for tools), or drop it")
+        return value
+
+    @property
+    def tool_list(self) -> list[dict] | None:
+        """``tools`` as function schemas (``function_schemas``), read from its file when it names one; None unset."""
+        if self.tools is None:
+            return None
+        return tool_file(Path(self.tools)) if isinstance(self.tools, str) else function_schemas(self.tools)
 
     @property
     def eval_sources(self) -> list[DataSource]:
@@ -138,3 +195,49 @@ class DataSection(Section):
     @property
     def has_eval(self) -> bool:
         return bool(self.eval_sources) or isinstance(self.eval, SplitRatio)
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# what apply_chat_template hands the template itself: a `chat_template_kwargs` key of these names would not reach it
+RENDER_ARGUMENTS = frozenset({
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize",
+    "return_dict", "return_tensors", "return_assistant_tokens_mask", "bos_token", "eos_token", "unk_token",
+    "pad_token", "sep_token", "cls_token", "mask_token", "additional_special_tokens"})
+
+
+def function_schemas(tools: object) -> list[dict]:
+    """``tools`` (a list of tool definitions) in OpenAI's layout, ``{"type": "function", "function": {"name", …}}``,
+    the one chat templates read (a bare ``{"name", "description", "parameters"}`` is wrapped so); a ValueError says
+    what is wrong. Shared by ``data.tools``, a row's ``tools`` field and ``ft generate --tools``."""
+    if not isinstance(tools, list):
+        raise ValueError(f"expected a list of tool definitions, got {_kind(tools)}")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ValueError(f"[{i}]: expected a tool definition (an object), got {_kind(tool)}")
+        function = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"[{i}]: expected {{type: function, function: {{name, description, parameters}}}} "
+                             f"(or the function alone, with its name), got {json.dumps(tool)[:120]}")
+        out.append({**tool, "type": "function", "function": function} if "function" in tool
+                   else {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def tool_file(path: Path) -> list[dict]:
+    """The function schemas of a JSON file (``function_schemas``); a ValueError names the file and what is wrong."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path} ({exc.strerror or exc}); give the path of a JSON file holding a list of "
+                         "tool definitions, relative to the recipe") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    try:
+        return function_schemas(value)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "text"}.get(type(value), type(value).__name__)
