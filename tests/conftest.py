@@ -182,6 +182,16 @@ def train_run(folder: Path, recipe: dict) -> Path:
     return Path(recipe["train"]["output_dir"])
 
 
+def train_shortened(recipe: Path, out: Path, steps: int, held_out: str) -> Path:
+    """A shipped recipe trained through the real CLI as CI affords it: ``steps`` steps into ``out``, no eval loss and
+    no checkpoint, exact match as ``held_out`` (a ``data.eval_exact_match`` value, with its own ``source``); ``out``."""
+    result = run_ft("train", str(recipe), "--set", f"train.output_dir={out}", "--set", f"train.max_steps={steps}",
+                    "--set", "data.eval=[]", "--set", f"data.eval_exact_match={held_out}",
+                    "--set", "train.save_strategy='no'")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
 @pytest.fixture(scope="session")
 def full_run(tmp_path_factory) -> Path:
     """60 steps: enough that greedy answers are digits (after 3-20 steps the model ends its turn at once, and the

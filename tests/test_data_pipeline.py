@@ -3,6 +3,7 @@ bad-row and truncation reporting in summary.json."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import shutil
 
@@ -93,6 +94,43 @@ def test_a_changed_data_file_invalidates_the_cache(workdir, write_recipe):
     prepared = _prepare(path, messages)
     assert any("stale" in m and "data.train.0 contents" in m for m in messages), messages
     assert len(prepared.train) == 3001
+
+
+def test_an_edited_tools_file_invalidates_the_cache_and_its_new_definitions_are_rendered(write_recipe, tmp_path):
+    """`data.tools` names a file: the cache key holds its contents, so an edit at the same path is a stale cache (and
+    the rows are rendered again, with the new definition), while the same contents elsewhere are reused."""
+    model = importlib.resources.files("ft.smoke") / "assets" / "tiny-qwen2.5"  # its template renders tools
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "21 degrees"}, {"role": "assistant", "content": "21 degrees."}]}) + "\n")
+
+    def tools(folder, description):
+        folder.mkdir(exist_ok=True)
+        (folder / "tools.json").write_text(json.dumps([{"name": "get_weather", "description": description,
+                                                        "parameters": {"type": "object", "properties": {}}}]))
+        return str(folder / "tools.json")
+
+    def prepare(tools_file):
+        recipe = {"model": {"name": str(model), "init": "random"}, "train": {"output_dir": str(tmp_path / "out")},
+                  "data": {"train": [{"path": str(rows)}], "tools": tools_file, "max_length": 512,
+                           "prepared_path": str(tmp_path / "prepared")}}
+        messages = []
+        prepared = _prepare(write_recipe(recipe), messages)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        return " ".join(messages), tokenizer.decode(prepared.train[0]["input_ids"])
+
+    path = tools(tmp_path / "a", "The weather in a city.")
+    said, text = prepare(path)
+    assert "no prepared dataset" in said and "The weather in a city." in text
+    said, text = prepare(tools(tmp_path / "b", "The weather in a city."))  # the same definitions, another file
+    assert "reusing the prepared dataset" in said, said
+    tools(tmp_path / "a", "Today's weather in a city, in degrees Celsius.")
+    said, text = prepare(path)
+    assert "stale (changed: data.tools contents)" in said, said
+    assert "in degrees Celsius" in text and "The weather in a city." not in text
 
 
 def test_a_changed_tokenizer_invalidates_the_cache(workdir, write_recipe):

@@ -8,8 +8,8 @@ import json
 import re
 
 import pytest
-import torch
 from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
+from stand_in import Writer
 
 from ft.inference.exact_match import HeldOut, exact_match, held_out_rows, report_line
 from ft.outputs.summary import headline
@@ -31,33 +31,15 @@ GRPO_EXACT_MATCH_KEPT_WITHIN = 0.05
 # --- the metric, on a stand-in model -----------------------------------------------------------------------------
 
 
-class Adder(torch.nn.Module):
+class Adder(Writer):
     """Answers ``What is A + B?`` from the (left-padded) prompt: right when A is even, off by one when odd; then
     its end of turn and a stray digit (which must not count)."""
 
-    def __init__(self, tokenizer):
-        from transformers import GenerationConfig
-
-        super().__init__()
-        self.tokenizer = tokenizer
-        self.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
-        self.anchor = torch.nn.Parameter(torch.zeros(1))
-
-    @property
-    def device(self):
-        return self.anchor.device
-
-    def generate(self, input_ids, attention_mask, generation_config):
-        assert (attention_mask[:, -1] == 1).all()  # left padding: every prompt ends at the last column
-        rows = []
-        for ids in input_ids.tolist():
-            a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", self.tokenizer.decode(ids))[-1])
-            text = str(a + b if a % 2 == 0 else a + b + 1)
-            rows.append(self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-                        + self.tokenizer.encode("7", add_special_tokens=False))
-        width = generation_config.max_new_tokens
-        new = [row[:width] + [generation_config.pad_token_id] * (width - len(row[:width])) for row in rows]
-        return torch.cat([input_ids, torch.tensor(new)], dim=1)
+    def written(self, prompt: str) -> list[int]:
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
+        text = str(a + b if a % 2 == 0 else a + b + 1)
+        return (self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+                + self.tokenizer.encode("7", add_special_tokens=False))
 
 
 def _tokenizer():

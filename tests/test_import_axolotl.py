@@ -219,10 +219,70 @@ def test_sharegpt_columns_get_axolotls_default_role_names(tmp_path):
 
 def test_dataset_keys_ft_lacks_are_named(tmp_path):
     _, result = imported(tmp_path, {**BASE, "datasets": [{"path": "org/chats", "type": "chat_template",
-                                                          "drop_system_message": True, "field_thinking": "thinking",
+                                                          "drop_system_message": True, "split_thinking": True,
                                                           "roles_to_train": ["assistant", "user"]}]})
-    for key in ("drop_system_message", "field_thinking", "roles_to_train"):
+    for key in ("drop_system_message", "split_thinking", "roles_to_train"):
         assert status(result, f"datasets.0.{key}") == NOT_CARRIED, key
+    assert "does not split reasoning out of a message's content" in why(result, "datasets.0.split_thinking")
+
+
+def test_reasoning_and_tools_fields_and_template_kwargs_carry_and_ft_reads_the_rows_through_them(tmp_path):
+    """`field_thinking` and `field_tools` name the keys ft's chat format reads the reasoning and the tool definitions
+    from; `chat_template_kwargs` become `data.chat_template_kwargs`: the imported source, read by ft itself, gives
+    canonical rows holding the reasoning and the tools (without the mapping ft would refuse the `thinking` key, and
+    leave the `functions` column out)."""
+    from ft.data.formats import normalize
+    from ft.data.rows import BadRows
+    from ft.data.sources import read_source
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "content": "21 degrees"},
+                {"role": "assistant", "content": "21 degrees.", "thinking": "The tool said 21."}]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"messages": messages, "functions": [weather]}) + "\n")
+    recipe, result = imported(tmp_path, {**BASE, "chat_template_kwargs": {"enable_thinking": False}, "datasets": [{
+        "path": "json", "data_files": str(rows), "type": "chat_template", "field_thinking": "thinking",
+        "field_tools": "functions", "template_thinking_key": "reasoning_content", "split_thinking": False}]})
+    source = recipe.data.train[0]
+    assert source.fields == {"reasoning_content": "thinking", "tools": "functions"}
+    assert recipe.data.chat_template_kwargs == {"enable_thinking": False}
+    for key in ("datasets.0.field_thinking", "datasets.0.field_tools", "datasets.0.template_thinking_key",
+                "chat_template_kwargs"):
+        assert status(result, key) == CARRIED, key
+    assert status(result, "datasets.0.split_thinking") == IGNORED
+    report = BadRows()
+    raw = read_source(source, seed=0, on_bad_row="error", report=report, key="data.train.0")
+    row = normalize(raw, source, key="data.train.0", on_bad_row="error", report=report)[0]
+    assert row["messages"][-1] == {"role": "assistant", "content": "21 degrees.",
+                                   "reasoning_content": "The tool said 21."}
+    assert row["tools"] == [weather] and row["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_reasoning_under_another_template_key_or_outside_a_text_chat_is_not_carried(tmp_path):
+    recipe, result = imported(tmp_path, {**BASE, "datasets": [{
+        "path": "org/chats", "type": "chat_template", "field_thinking": "thinking", "template_thinking_key": "thinking",
+        "field_tools": "tools", "message_property_mappings": {"role": "from", "content": "value",
+                                                             "tool_calls": "calls", "score": "score"}}]})
+    assert recipe.data.train[0].fields == {"reasoning_content": "thinking", "role": "from", "content": "value",
+                                           "tool_calls": "calls"}
+    assert status(result, "datasets.0.template_thinking_key") == NOT_CARRIED  # gpt-oss's template reads `thinking`
+    assert "as `reasoning_content` only" in why(result, "datasets.0.template_thinking_key")
+    assert status(result, "datasets.0.field_tools") == CARRIED  # Axolotl's default name is ft's: nothing written
+    assert "score not passed" in why(result, "datasets.0.message_property_mappings")
+    _, result = imported(tmp_path, {**DPO, "datasets": [{"path": "org/pairs", "type": "chat_template",
+                                                         "field_thinking": "thinking"}]})
+    assert status(result, "datasets.0.field_thinking") == NOT_CARRIED
+    assert "chat rows only, not in `preference` rows" in why(result, "datasets.0.field_thinking")
+
+
+def test_the_message_keys_the_importer_maps_are_those_ft_reads():
+    from ft.data.formats import CHAT_KEYS
+    from ft.importers.axolotl_data import MESSAGE_KEYS
+
+    assert MESSAGE_KEYS == ("role", "content", *CHAT_KEYS)
 
 
 def test_completion_and_pretraining_read_text(tmp_path):

@@ -326,3 +326,14 @@ def test_a_config_with_audio_rows_is_refused_naming_the_key(tmp_path):
                                       "`datasets.0.path: org/text-audio-chats` holds audio")
     assert "ft trains language models on text and images, not audio" in problem.message
     assert result.out_of_scope and status(result, "processor_type") == NOT_CARRIED
+
+
+def test_reasoning_and_tools_keys_are_not_carried_for_a_vision_language_model(tmp_path):
+    """ft reads reasoning and tool definitions in text models' chats only (a vision model's chat holding them is a
+    bad row), so the keys naming them are not carried, and no `fields:` entry is written for them."""
+    entry = {**VLM["datasets"][0], "field_thinking": "thinking", "field_tools": "functions"}
+    recipe, result = imported(tmp_path, {**VLM, **LORA, "datasets": [entry]})
+    assert recipe.data.train[0].fields == {}
+    for key in ("field_thinking", "field_tools"):
+        assert status(result, f"datasets.0.{key}") == NOT_CARRIED, key
+        assert "text models' chat rows only" in why(result, f"datasets.0.{key}")

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, run_ft, without_module
+from conftest import DATA, ROOT, run_ft, train_shortened, without_module
 
 pytestmark = pytest.mark.slow
 RECIPE = ROOT / "recipes" / "smollm2-sft.yaml"
@@ -27,11 +27,7 @@ def trained(smollm2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "run"
     # no eval loss (16 s): the held-out sums come from the prompt rows of the same questions instead of data.eval
     held_out = f"{{n: {HELD_OUT}, source: {{path: {DATA / 'prompts-eval.jsonl'}, format: prompt}}}}"
-    result = run_ft("train", str(RECIPE), "--set", f"train.output_dir={out}", "--set", f"train.max_steps={STEPS}",
-                    "--set", "data.eval=[]", "--set", f"data.eval_exact_match={held_out}",
-                    "--set", "train.save_strategy='no'")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+    return train_shortened(RECIPE, out, STEPS, held_out)
 
 
 def _summary(run: Path) -> dict:

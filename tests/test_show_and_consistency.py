@@ -278,6 +278,32 @@ def test_preprocess_show_prints_the_quickstarts_first_rows_marked_and_prepares_n
     assert not prepared.exists()
 
 
+# what --show never needs (it reads a few rows, it builds no dataset and trains nothing): each costs a second or more
+# of the command's start (ft.data.lazy); torch stays, transformers' AutoConfig and AutoTokenizer import it
+NOT_FOR_SHOW = ("datasets", "pandas", "trl", "peft")
+
+
+def _show_imports(recipe: Path | str, *watched: str) -> list[str]:
+    """The modules of ``watched`` that ``ft preprocess RECIPE --show 1`` imported, run in a process of its own as the
+    command runs (which must succeed)."""
+    code = ("import json, sys\n"
+            f"sys.argv = ['ft', 'preprocess', {str(recipe)!r}, '--show', '1']\n"
+            "from ft import cli\n"
+            "try:\n    cli.main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+            f"print(json.dumps([m for m in {list(watched)!r} if m in sys.modules]), file=sys.stderr)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("row 1, ")
+    return json.loads(done.stderr.strip().splitlines()[-1])
+
+
+def test_show_imports_nothing_that_builds_a_dataset_or_trains():
+    """The quickstart's --show 1 reads its row, converts and tokenizes it without ``datasets`` (ft.data.formats and
+    ft.data.sources import it lazily), pandas, TRL or PEFT: what keeps --show fast (timed in benchmarks/README.md)."""
+    assert _show_imports("recipes/quickstart.yaml", *NOT_FOR_SHOW) == []
+
+
 def test_show_reads_only_the_rows_it_shows_and_names_a_bad_one(write_recipe, tmp_path):
     """Line 3 is not JSON and line 5 neither: --show 2 never reaches them; --show 3 shows the bad row by file:line."""
     lines = (DATA / "train.jsonl").read_text().splitlines()[:4]

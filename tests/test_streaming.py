@@ -4,11 +4,13 @@ where an uninterrupted one does."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
@@ -19,6 +21,7 @@ from ft.data.stream import StreamFailed, streamed_train
 from ft.model import loading
 from ft.recipe import RecipeError, load_recipe
 
+QWEN3 = Path(str(importlib.resources.files("ft.smoke") / "assets" / "tiny-qwen3"))  # renders tools and reasoning
 DELETE_AT = """
 import os
 
@@ -230,3 +233,40 @@ def test_a_missing_source_or_sources_of_different_kinds_are_refused_before_train
     mixed["data"]["train"][1] = {"path": str(DATA / "instruction.jsonl"), "format": "instruction"}
     stream, _ = _stream(write_recipe, mixed)  # instructions stream as chats: one kind of row
     assert len(list(zip(stream, range(4), strict=False))) == 4
+
+
+def test_a_streamed_chat_keeps_its_tools_tool_calls_and_reasoning_as_without_streaming(write_recipe, tmp_path):
+    """A chat source's own `tools` column (named through `fields:`), its tool calls and its reasoning (`thinking`,
+    mapped to reasoning_content) reach the streamed tokens and masks exactly as `ft train` prepares them without
+    streaming, with `data.tools` for the row that has none and `data.train_on_reasoning: false` masking the
+    reasoning: a stream that dropped any of them would render other text."""
+    weather, clock = ({"type": "function", "function": {"name": name, "description": what, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        for name, what in (("get_weather", "The weather in a city."), ("get_time", "The time in a city.")))
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    result = {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "21 degrees"}
+    answer = {"role": "assistant", "content": "It is 21 degrees in Paris.", "thinking": "The tool said 21."}
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in (
+        {"messages": [question, call, result, answer], "functions": [weather]},
+        {"messages": [{"role": "user", "content": "What is 2 + 2?"},
+                      {"role": "assistant", "content": "4", "thinking": "Two and two make four."}]})))
+    (tmp_path / "tools.json").write_text(json.dumps([clock]))
+    recipe = _streamed(tmp_path / "out", path, max_steps=1)
+    recipe["model"] = {"name": str(QWEN3), "init": "random"}
+    fields = {"reasoning_content": "thinking", "tools": "functions"}
+    recipe["data"].update(train=[{"path": str(path), "fields": fields}], tools="tools.json", train_on_reasoning=False,
+                          max_length=1024)
+    stream, tokenizer = _stream(write_recipe, recipe)
+    streamed = [(row["input_ids"], row["labels"]) for row, _ in zip(stream, range(2), strict=False)]
+    recipe["data"]["streaming"] = False
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    prepared = data.prepare_data(loaded, tokenizer, data.chat_template_for(loaded, tokenizer), lambda _: None)
+    assert streamed == [(row["input_ids"], row["labels"]) for row in prepared.train]
+    (tools, call_ids), (default, _) = streamed
+    text, trained = tokenizer.decode(tools), tokenizer.decode([t for t in call_ids if t != -100])
+    assert "get_weather" in text and "get_time" not in text and "The tool said 21." in text  # its own tools
+    assert '"arguments": {"city": "Paris"}' in trained and "The tool said 21." not in trained  # reasoning masked
+    assert "get_time" in tokenizer.decode(default) and "Two and two make four." in tokenizer.decode(default)

@@ -154,6 +154,34 @@ def test_a_plain_source_and_a_tool_source_mix_in_one_split(tmp_path):
     assert [row["messages"] for row in both] == [plain[0]["messages"], TOOL_CHAT]
 
 
+def test_a_source_with_a_tools_column_mixes_with_one_without_and_each_row_renders_its_tools(write_recipe, tmp_path):
+    """Two chat sources of one split, only one with a `tools` column: the other's rows get the column empty (None),
+    so the sources mix (datasets refuses to concatenate two layouts), and `ft train` prepares each row with its own
+    tools and the others with `data.tools`."""
+    from ft import data
+
+    clock = {"type": "function", "function": {"name": "get_time", "description": "The time in a city.",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    timed = [{"role": "user", "content": "What time is it in Rome?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"id": "call00002", "type": "function", "function": {"name": "get_time", "arguments": {}}}]},
+             {"role": "tool", "tool_call_id": "call00002", "name": "get_time", "content": "10:00"},
+             {"role": "assistant", "content": "It is 10 in Rome."}]
+    own = _jsonl(tmp_path / "own.jsonl", [{"messages": TOOL_CHAT, "tools": [WEATHER]}])
+    plain = _jsonl(tmp_path / "plain.jsonl", [{"messages": timed}])
+    both = mix([_canonical(plain), _canonical(own)], ["data.train.0", "data.train.1"], optional=("tools",))
+    assert both["tools"] == [None, [WEATHER]] and [row["messages"] for row in both] == [timed, TOOL_CHAT]
+    (tmp_path / "tools.json").write_text(json.dumps([clock]))
+    recipe = load_recipe(write_recipe({
+        "model": {"name": str(ASSETS / "tiny-qwen2.5"), "init": "random"},
+        "data": {"train": [{"path": str(own)}, {"path": str(plain)}], "tools": "tools.json", "max_length": 1024},
+        "train": {"output_dir": str(tmp_path / "out")}})).recipe
+    tokenizer = _tokenizer("tiny-qwen2.5")
+    prepared = data.prepare_data(recipe, tokenizer, data.chat_template_for(recipe, tokenizer), say=lambda _: None)
+    assert prepared.train["input_ids"] == [_ids(tokenizer, render(tokenizer, None, TOOL_CHAT, [WEATHER])),
+                                           _ids(tokenizer, render(tokenizer, None, timed, [clock]))]
+
+
 BAD_ROWS = [  # (row, reason, where: the field named in the error)
     ({"messages": [QUESTION, {**CALL, "tool_calls": [_call("Paris", arguments='{"city": "Par')]}]},
      "bad_tool_call", "messages[1].tool_calls[0].function.arguments"),
@@ -365,7 +393,8 @@ def test_template_kwargs_are_the_defaults_of_the_template_that_trains_and_ships(
 
 def test_exact_match_renders_held_out_prompts_with_their_tool_calls_and_tools(write_recipe, tmp_path):
     """A held-out row's prompt keeps its call and the tool's result, and is rendered with data.tools; a row whose last
-    assistant turn is a call has no text answer and is not scored."""
+    assistant turn is a call is answered by that turn (its calls are scored: tests/test_chatml_tools.py), or left out
+    for a tokenizer that cannot read calls back (``calls=False``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -380,15 +409,23 @@ def test_exact_match_renders_held_out_prompts_with_their_tool_calls_and_tools(wr
                  "eval_exact_match": {"n": 5, "max_new_tokens": 2}},
         "train": {"output_dir": str(tmp_path / "out")}})).recipe
     held = held_out_rows(recipe)
-    assert len(held) == 1 and held[0].prompt == TOOL_CHAT[:3] and held[0].answer == ANSWER["content"]
-    assert held[0].tools == [WEATHER]
+    assert len(held) == 2 and held[0].prompt == TOOL_CHAT[:3] and held[0].answer == ANSWER["content"]
+    assert held[1].prompt == [QUESTION] and held[1].answer == CALL
+    assert held[0].tools == held[1].tools == [WEATHER]
+    said = []
+    assert held_out_rows(recipe, calls=False, say=said.append) == held[:1]
+    assert said == ["ft: exact match: 1 held-out row is not scored; 1 ends on a tool call, which the chat template "
+                    "has no response template to read back from the model's text (data.chat_template: chatml-tools "
+                    "has one)"]
     tokenizer = _tokenizer("tiny-qwen2.5")
     prompt = render(tokenizer, None, held[0].prompt, held[0].tools, generation=True)
     assert '"name": "get_weather", "description"' in prompt and '"arguments": {"city": "Paris"}' in prompt
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ASSETS / "tiny-qwen2.5"))
     result = exact_match(model, tokenizer, held, max_new_tokens=2)
-    assert result["n"] == 1 and result["examples"][0]["prompt"] == "What is the weather in Paris?"
+    assert result["n"] == 2 and result["examples"][0]["prompt"] == "What is the weather in Paris?"
+    assert result["examples"][1]["expected"] == '[{"arguments":{"city":"Paris"},"name":"get_weather"}]'
+    assert result["exact_match"] == 0  # the call row among them: tiny-qwen2.5's tokenizer cannot read calls back
 
 
 def test_ft_generate_renders_the_tools_file_with_every_prompt(tmp_path):

@@ -2,5 +2,6 @@
 
 from .build import PreparedData, chat_template_for, prepare_data
 from .rows import DataError
+from .templates import response_template_for
 
-__all__ = ["DataError", "PreparedData", "chat_template_for", "prepare_data"]
+__all__ = ["DataError", "PreparedData", "chat_template_for", "prepare_data", "response_template_for"]

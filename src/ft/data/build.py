@@ -142,7 +142,8 @@ def read_sources(recipe: Recipe, sources: list[DataSource], keys: list[str], rep
         raw = read_source(source, seed=data.seed, on_bad_row=data.on_bad_row, report=report, key=key)
         parts.append(normalize(raw, source, key=key, on_bad_row=data.on_bad_row, report=report, images=images,
                                stored=stored))
-    return mix(parts, keys) if parts else None
+    optional = {column for source in sources for column in FORMATS[source.format].optional}
+    return mix(parts, keys, optional) if parts else None
 
 
 def read_splits(recipe: Recipe, say, images: bool = False) -> tuple[object, object | None, BadRows]:

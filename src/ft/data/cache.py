@@ -1,8 +1,9 @@
 """The prepared-dataset cache: a fingerprint of everything that shaped a tokenized dataset.
 
 ``ft preprocess`` writes ``<prepared_path>/{train,eval}`` (``save_to_disk``) and ``ft_prepared.json``
-with the fingerprint's components; ``ft train`` compares them with the current recipe, data files and
-tokenizer, and reuses, rebuilds or (with ``data.require_prepared``) refuses, naming what changed.
+with the fingerprint's components; ``ft train`` compares them with the current recipe, data files (and the file of
+tool definitions ``data.tools`` names: its contents, wherever it lies) and tokenizer, and reuses, rebuilds or (with
+``data.require_prepared``) refuses, naming what changed.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def fingerprint(recipe: Recipe, tokenizer, template: str | None, image_processor
     data = recipe.data.model_dump(mode="json", exclude=_NOT_SHAPING)
     if data.get("image") is None:
         data.pop("image", None)  # unset: a text recipe's fingerprint is what it was before images existed
+    tools_file = data.pop("tools") if isinstance(recipe.data.tools, str) else None  # its contents, not its path
     components = {
         "ft version": __version__,
         "method": recipe.method,
@@ -66,6 +68,8 @@ def fingerprint(recipe: Recipe, tokenizer, template: str | None, image_processor
     }
     if image_processor is not None:
         components["image processor"] = _digest(image_processor.to_json_string())
+    if tools_file is not None:  # the tool definitions every chat row without its own is rendered with
+        components["data.tools contents"] = _file_digest(Path(tools_file))
     for split, sources in (("train", recipe.data.train), ("eval", recipe.data.eval_sources)):
         for i, source in enumerate(sources):
             components[f"data.{split}.{i} contents"] = _source_digest(source.path, source.revision)

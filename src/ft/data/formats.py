@@ -52,16 +52,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets.fingerprint import Hasher
 
 from ..recipe import names as offered
 from ..recipe.data_section import DataSource, ImageSettings, function_schemas
 from .images import ImageChanged, ImageSource, load_image
+from .lazy import LazyModule
 from .rows import ROW, SHOWN, BadRows, DataError, RowError, bad_rows_error, kind_of, text_of, value_of
+from .templates import template_messages
 
+datasets = LazyModule("datasets")  # imported when a dataset is built: `--show` converts rows without it
 Row = dict
 ROLES = ("system", "user", "assistant", "tool")
 CHAT_KEYS = ("tool_calls", "reasoning_content", "tool_call_id", "name")  # what a chat message keeps beside its text
@@ -127,6 +128,8 @@ class Format(ABC):
     keeps_extra: ClassVar[bool] = False  # every other column of the source passes through (``prompt``)
     conversations: ClassVar[bool] = False  # its rows are always chats (``messages``), rendered with the chat template
     holds_images: ClassVar[bool] = False  # read for a vision-language model, its rows keep their images (``images``)
+    optional: ClassVar[tuple[str, ...]] = ()  # canonical columns written only for a source that has them (a chat's
+    # ``tools``): where sources of one split differ in them, ``ft.data.sources.mix`` gives the others the column empty
 
     @abstractmethod
     def convert(self, row: Row, names: Names) -> Row:
@@ -164,10 +167,11 @@ class Format(ABC):
         return [self.example(Sum(i), names, chat, answer_fields) for i in range(start, start + count)]
 
     @abstractmethod
-    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str | list, str] | None:
-        """(the prompt, text or a list of ``{role, content}`` messages; the expected answer) of a canonical row, for
-        ``data.eval_exact_match``; None when the row has no prompt or no answer. ``field`` is the setting's
-        ``field``: the column holding the answer, for a format that has no answer of its own."""
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[str | list, str | dict] | None:
+        """(the prompt, text or a list of ``{role, content}`` messages; the expected answer: text, or an assistant
+        message whose tool calls are the answer) of a canonical row, for ``data.eval_exact_match``; None when the row
+        has no prompt or no answer. ``field`` is the setting's ``field``: the column holding the answer, for a format
+        that has no answer of its own."""
 
 
 FORMATS: dict[str, Format] = {}
@@ -185,7 +189,8 @@ def register(cls: type[Format]) -> type[Format]:
 
 class Conversation(Format):
     """A format whose canonical row is one chat (``messages``): the prompt of its held-out rows is the conversation
-    up to its last assistant turn, and the expected answer that turn's content."""
+    up to its last assistant turn, and the expected answer that turn's content, or the turn itself when it calls
+    tools."""
 
     columns = ("messages",)
     conversations = True
@@ -196,19 +201,23 @@ class Conversation(Format):
         (lists of parts) follow the first good row."""
         return {} if names.images is not None else {"messages": datasets.List(datasets.Json())}
 
-    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[list, str] | None:
-        """The messages before the last assistant turn (their tool calls and results kept) and that turn's text; None
-        when that turn is a tool call (its text is not the answer) or has nothing before it."""
+    def prompt_and_answer(self, row: Row, field: str = "answer") -> tuple[list, str | dict] | None:
+        """The messages before the last assistant turn (their tool calls and results kept) and that turn's text, or,
+        when the turn calls tools, the turn (the message, its calls decoded: exact match compares calls, not text);
+        None when the turn has nothing before it."""
         messages = row["messages"]
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-        if not last or messages[last].get("tool_calls"):
+        if not last:
             return None
+        if messages[last].get("tool_calls"):
+            return [dict(m) for m in messages[:last]], template_messages(messages[last:last + 1])[0]
         return [dict(m) for m in messages[:last]], _content(messages[last])
 
 
 @register
 class Chat(Conversation):
     name = "chat"
+    optional = ("tools",)
 
     def typed(self, names: Names) -> dict:
         return {**super().typed(names), **({"tools": datasets.Json()} if names.images is None else {})}
@@ -382,6 +391,8 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     at a time (``_Undecoded``), and written to files in ``stored`` (``ImageSource.stored``; default
     ``stored_images_folder(None)``): the canonical rows name every image by reference.
     """
+    from datasets.fingerprint import Hasher
+
     report.rekey(source.path, key)
     fmt = FORMATS[source.format]
     seeing = images and fmt.holds_images
@@ -418,7 +429,7 @@ def normalize(dataset: datasets.Dataset, source: DataSource, *, key: str, on_bad
     # convert() counts bad rows as it runs, so it must run: no cache reuse, and an explicit fingerprint (with the
     # folder stored images are written to, which the rows name: what is cached from them must not outlive a move)
     shaped = [dataset._fingerprint, source.model_dump(), "ft.normalize/1"] + (
-        ["images", str(names.images.store)] if seeing else [])
+        ["images", str(names.images.store_folder())] if seeing else [])
     result = rows.dataset.map(convert, batched=True, batch_size=rows.batch, remove_columns=dataset.column_names,
                               load_from_cache_file=False, features=features, desc=f"formatting {key}",
                               new_fingerprint=Hasher.hash(shaped)).with_format(dataset.format["type"])

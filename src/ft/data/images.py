@@ -86,7 +86,8 @@ class ImageSource:
     """Where the images of one data source are: a relative path is read from ``folder`` (the data file's folder, or a
     saved dataset's own; None for a hub dataset, whose rows must give absolute paths or URLs). ``placeholder`` marks
     an image in the text of a row laid out with an ``images`` column (LLaMA-Factory's ``<image>``). ``store``: the
-    folder the images a row holds (an ``Image`` feature's bytes) are written to (``stored_images_folder``)."""
+    folder the images a row holds (an ``Image`` feature's bytes) are written to; None: ``stored_images_folder(None)``,
+    found when first needed (``store_folder``: it imports ``datasets``, which reading rows for ``--show`` does not)."""
 
     folder: Path | None
     placeholder: str = "<image>"
@@ -96,10 +97,14 @@ class ImageSource:
     @classmethod
     def of(cls, path: str, store: Path | None = None) -> ImageSource:
         """The images of the source at ``path`` (``data.*.path``, resolved against the recipe's folder); those stored
-        inside it are written to ``store`` (default: ``stored_images_folder(None)``)."""
+        inside it are written to ``store`` (default: ``stored_images_folder(None)``, ``store_folder``)."""
         local = Path(path)
-        return cls(local.parent if local.is_file() else local if local.is_dir() else None,
-                   store=store if store is not None else stored_images_folder(None))
+        return cls(local.parent if local.is_file() else local if local.is_dir() else None, store=store)
+
+    def store_folder(self) -> Path:
+        """The folder the images stored inside the source are written to: ``store``, else
+        ``stored_images_folder(None)``."""
+        return self.store if self.store is not None else stored_images_folder(None)
 
     def take(self, image, where: str) -> str:
         """The reference a prepared row keeps for ``image`` as a row gives it: a path, URL or data: URI (``check``),
@@ -141,7 +146,7 @@ class ImageSource:
         try:
             with Image.open(io.BytesIO(raw)) as image:
                 kind = (image.format or "img").lower()
-                path = (self.store or stored_images_folder(None)) / digest[:2] / f"{digest}.{kind}"
+                path = self.store_folder() / digest[:2] / f"{digest}.{kind}"
                 if not path.is_file():  # written only after a whole decode: a file there was checked then
                     image.load()
         except Exception as exc:  # PIL's errors, and a decompression bomb: the image cannot be used

@@ -81,9 +81,7 @@ def _converted(fmt, raw: dict, names: Names) -> dict | RowError:
 def _raw_rows(source: DataSource, key: str) -> Iterator[tuple[int, dict | RowError]]:
     """(row index, the row as read, or the RowError that makes it bad) of ``source``, in order, read lazily: a .jsonl
     or .txt file line by line, a .json file element by element, a .parquet file by record batch, a saved dataset by
-    index, any other file or a hub dataset as a ``datasets`` stream."""
-    import datasets
-
+    index, any other file or a hub dataset as a ``datasets`` stream (``datasets`` is imported for those alone)."""
     path, kind = Path(source.path), source_kind(source)
     suffix = path.suffix.lower()
     if kind == "missing":
@@ -99,6 +97,8 @@ def _raw_rows(source: DataSource, key: str) -> Iterator[tuple[int, dict | RowErr
         rows = (row for batch in pq.ParquetFile(path).iter_batches(batch_size=64) for row in batch.to_pylist())
         yield from enumerate(rows)
     elif kind == "saved":
+        import datasets
+
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
@@ -107,6 +107,8 @@ def _raw_rows(source: DataSource, key: str) -> Iterator[tuple[int, dict | RowErr
             loaded = loaded[source.split]
         yield from enumerate(loaded)
     else:
+        import datasets
+
         try:
             rows = (datasets.load_dataset(FILE_BUILDERS[suffix], data_files=source.path, split="train", streaming=True)
                     if kind == "file" else

@@ -23,16 +23,18 @@ import os
 import re
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pyarrow as pa
 
 from ..recipe.data_section import DataSource
 from ..recipe.errors import first_line
+from .lazy import LazyModule
 from .rows import BLANK, ROW, SHOWN, SOURCE, BadRows, DataError, RowError, bad_rows_error, nonblank_lines
+
+datasets = LazyModule("datasets")  # imported when a dataset is built: `--show` reads rows without it
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 JSON_FILES = (".jsonl", ".json")  # read by ft itself (``_from_json``), not by the datasets builder
@@ -58,11 +60,20 @@ def read_source(source: DataSource, *, seed: int, on_bad_row: str, report: BadRo
     return _subsample(dataset, source.fraction, seed)
 
 
-def mix(parts: list[datasets.Dataset], keys: list[str] | None = None) -> datasets.Dataset:
+def mix(parts: list[datasets.Dataset], keys: list[str] | None = None,
+        optional: Collection[str] = ()) -> datasets.Dataset:
     """The normalized sources of one split, concatenated in order, each row with its source's index (``__ft_source``);
-    they must share one column layout. ``keys`` (``data.train.0``, …) name the sources in the error."""
+    they must share one column layout. ``keys`` (``data.train.0``, …) name the sources in the error.
+
+    ``optional``: columns a format writes only for a source that has them (``Format.optional``: a chat's ``tools``).
+    One that some sources have and others lack is added to the others empty, None in every row, of the kind the
+    first source holding it gives it: a chat row whose ``tools`` is None is rendered with ``data.tools``, or with
+    none, as the rows of a source without the column are on their own."""
     names = keys or [f"source {i}" for i in range(len(parts))]
-    parts = [part.add_column(SOURCE, np.full(len(part), i, dtype=np.int32)) for i, part in enumerate(parts)]
+    given = {column: part.features[column] for part in reversed(parts) for column in part.column_names
+             if column in optional}
+    parts = [_with_columns(part, given).add_column(SOURCE, np.full(len(part), i, dtype=np.int32))
+             for i, part in enumerate(parts)]
     first, aligned = parts[0], [parts[0]]
     for name, part in zip(names[1:], parts[1:], strict=True):
         if set(part.column_names) != set(first.column_names):
@@ -76,6 +87,14 @@ def mix(parts: list[datasets.Dataset], keys: list[str] | None = None) -> dataset
                             f"{first.features}): the sources of one split must agree, e.g. all text or all "
                             "lists of messages.") from None
     return aligned[0] if len(aligned) == 1 else datasets.concatenate_datasets(aligned)
+
+
+def _with_columns(part: datasets.Dataset, features: dict) -> datasets.Dataset:
+    """``part`` with each column of ``features`` (name -> its feature) it lacks added, None in every row."""
+    for column, feature in features.items():
+        if column not in part.column_names:
+            part = part.add_column(column, [None] * len(part), feature=feature)
+    return part
 
 
 def weighted(dataset: datasets.Dataset, weights: list[float], seed: int, stop: str) -> datasets.Dataset:
@@ -333,7 +352,7 @@ class _Copy:
         columns = {name: _column_kind(found) for name, found in kinds.items()}
         if self.columns is None:
             self.columns = columns
-            features = {**{name: JSON_KINDS[kind][0] for name, kind in columns.items()}, ROW: datasets.Value("int64")}
+            features = {**{name: _feature(kind) for name, kind in columns.items()}, ROW: datasets.Value("int64")}
             self.writer = ArrowWriter(features=datasets.Features(features), path=str(self.temporary))
         elif columns != self.columns:
             self.discard()
@@ -356,10 +375,17 @@ class _Copy:
         self.temporary.unlink(missing_ok=True)
 
 
-# a JSON field's kind -> (its feature, its Arrow type); ``json``: each value stored as its JSON text (see ``_table``)
-JSON_KINDS = {"text": (datasets.Value("string"), pa.string()), "int": (datasets.Value("int64"), pa.int64()),
-              "float": (datasets.Value("float64"), pa.float64()), "bool": (datasets.Value("bool"), pa.bool_()),
-              "json": (datasets.Json(decode=False), pa.json_())}
+# a JSON field's kind -> (its feature's dtype, its Arrow type); ``json``: each value stored as its JSON text (see
+# ``_table``), a feature of its own (``_feature``)
+JSON_KINDS = {"text": ("string", pa.string()), "int": ("int64", pa.int64()), "float": ("float64", pa.float64()),
+              "bool": ("bool", pa.bool_()), "json": (None, pa.json_())}
+
+
+def _feature(kind: str):
+    """The ``datasets`` feature a JSON field of ``kind`` (``JSON_KINDS``) is written with: a Value of its dtype, or
+    for ``json`` its JSON text, kept undecoded. Built when a copy is written, not at import (``datasets`` is lazy)."""
+    dtype = JSON_KINDS[kind][0]
+    return datasets.Value(dtype) if dtype else datasets.Json(decode=False)
 
 
 def _value_kind(value) -> str | None:

@@ -69,15 +69,15 @@ def streamed_train(recipe: Recipe, tokenizer, template: str | None, world_size: 
         return datasets.IterableDataset.from_generator(
             _canonical_rows, features=features,
             gen_kwargs={"part": list(range(world_size)), "parts": world_size, "source": source, "key": key,
-                        "on_bad_row": data.on_bad_row, "report": report, "stats": stats, "say": say})
+                        "columns": tuple(features), "on_bad_row": data.on_bad_row, "report": report, "stats": stats,
+                        "say": say})
 
     streams = [source_stream(key, source) for key, source in zip(keys, data.train, strict=True)]
     if data.weights is None:
         rows = streams[0] if len(streams) == 1 else datasets.interleave_datasets(streams, seed=data.seed)
     else:
         rows = datasets.interleave_datasets(streams, probabilities=data.weights, seed=data.seed)
-    settings = TokenizeSettings(template=template, max_length=data.max_length, truncation=data.truncation,
-                                train_on=data.train_on)
+    settings = TokenizeSettings.of(data, template)
     length_column = recipe.train_args.get("length_column_name", "length")
     return rows.map(_tokenized, batched=True, batch_size=READ_BATCH, remove_columns=list(features),
                     fn_kwargs={"tokenizer": tokenizer, "settings": settings, "stats": stats,
@@ -85,15 +85,19 @@ def streamed_train(recipe: Recipe, tokenizer, template: str | None, world_size: 
 
 
 def _features(format_name: str) -> datasets.Features:
-    """The canonical columns a format's rows stream as: chats (``Format.conversations``), or texts."""
-    fmt, text = FORMATS[format_name], datasets.Value("string")
-    kind = [{"role": text, "content": text}] if fmt.conversations else text
-    return datasets.Features({column: kind for column in fmt.columns})
+    """The canonical columns a format's rows stream as: chats (``Format.conversations``) as a ``chat`` source's rows
+    are stored without streaming (``Chat.typed``: each message as its JSON text, so its tool calls and reasoning stay,
+    and the row's ``tools``, None where it has none: the sources of one stream give the same columns), or texts."""
+    fmt = FORMATS[format_name]
+    if fmt.conversations:
+        return datasets.Features(FORMATS["chat"].typed(Names({}, {})))
+    return datasets.Features(dict.fromkeys(fmt.columns, datasets.Value("string")))
 
 
-def _canonical_rows(part: list[int], parts: int, source: DataSource, key: str, on_bad_row: str, report: BadRows,
-                    stats: dict, say: Callable[[str], None]) -> Iterator[dict]:
-    """This shard's canonical rows of ``source``, pass after pass, without end."""
+def _canonical_rows(part: list[int], parts: int, source: DataSource, key: str, columns: tuple[str, ...],
+                    on_bad_row: str, report: BadRows, stats: dict, say: Callable[[str], None]) -> Iterator[dict]:
+    """This shard's canonical rows of ``source`` in ``columns`` (an optional one a row lacks, a chat's ``tools``, as
+    None), pass after pass, without end."""
     fmt, names = FORMATS[source.format], Names(source.fields, source.roles)
     mine = part[0]
     for passes in itertools.count(1):
@@ -112,7 +116,7 @@ def _canonical_rows(part: list[int], parts: int, source: DataSource, key: str, o
                     stats["skipped_rows"] = report.as_dict()
                 continue
             given += 1
-            yield {name: row[name] for name in fmt.columns}
+            yield {name: row.get(name) for name in columns}
         if not given:
             raise StreamFailed(f"{key}: {source.path} gave no usable rows to this process (shard {mine + 1} of "
                                f"{parts}); check the source and its format.")

@@ -8,6 +8,11 @@ Canonical chat rows keep what Arrow cannot type as one struct as JSON text (``ft
 ``tool_calls`` and a row's ``tools``; a message lacks a key other messages of its source have as a null. ``render``
 (and ``template_messages``, ``template_tools``) turn them back into what templates read, here, where a chat is
 rendered, and only here: training, exact match and ``ft generate`` render through it.
+
+A built-in is a ``Builtin``: its Jinja and, for ``chatml-tools``, the one that writes tool calls, how to read them back
+from what a model writes (transformers' declarative response template, for ``tokenizer.parse_response``): one entry
+holds both, so the text a template writes and its parser cannot drift apart. ``ft train`` sets the response template on
+the tokenizer with the chat template (``response_template_for``), so final/ ships both.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from dataclasses import dataclass
 
 CHATML = (
     "{%- for message in messages %}"
@@ -38,9 +44,76 @@ LLAMA3 = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
 
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML, "llama3": LLAMA3}
+# ChatML with tools, in the layout of Hermes and Qwen2.5 (a ChatML model with no tool format of its own, SmolLM2, learns
+# it), shorter than theirs (every row's prompt holds it: a short instruction, each tool's function as compact JSON):
+# the tools as JSON lines inside <tools></tools> in the system prompt (after the row's own system text, if any), each
+# call as <tool_call>\n{"name": …, "arguments": {…}}\n</tool_call> in the assistant turn (after its text), the results
+# of consecutive tool messages in one user turn, each inside <tool_response>. Without tools it is `chatml`.
+CHATML_TOOLS = (
+    "{%- if messages and messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+    "{%- else %}{%- set system = none %}{%- endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' + (system + '\\n\\n' if system else '') }}"
+    "{{- '# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}"
+    "{{- '\\n' + ((tool['function'] if tool['function'] is defined else tool) | tojson(separators=(',', ':'))) }}"
+    "{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nCall a function with <tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif system is not none %}{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] if message['content'] is string else '' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}{{- content }}"
+    "{%- for call in (message['tool_calls'] if message['tool_calls'] is defined and message['tool_calls'] else []) %}"
+    "{%- set function = call['function'] if call['function'] is defined else call %}"
+    "{%- set arguments = function['arguments'] if function['arguments'] is string else "
+    "(function['arguments'] | tojson) %}"
+    "{{- ('\\n' if content or not loop.first else '') + '<tool_call>\\n{\"name\": \"' + function['name'] "
+    "+ '\", \"arguments\": ' + arguments + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
-_FIX = "set data.chat_template: chatml (or llama3, or an inline Jinja template)"
+# How to read CHATML_TOOLS' assistant turn back into a message (transformers' response template, version 1; see
+# transformers' chat_response_parsing docs): each <tool_call> block is a JSON call, the text outside them the content.
+CHATML_TOOLS_RESPONSE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in chat template: its Jinja, and how to read what a model writes under it back into a message
+    (``response``: a transformers response template, for ``tokenizer.parse_response``; None for a template that
+    writes no structure, whose text is the answer)."""
+
+    jinja: str
+    response: dict | None = None
+
+
+BUILTINS: dict[str, Builtin] = {"chatml": Builtin(CHATML), "chatml-tools": Builtin(CHATML_TOOLS, CHATML_TOOLS_RESPONSE),
+                                "llama3": Builtin(LLAMA3)}
+BUILTIN_TEMPLATES: dict[str, str] = {name: builtin.jinja for name, builtin in BUILTINS.items()}
+
+_FIX = "set data.chat_template: chatml (chatml-tools for tool calls, llama3, or an inline Jinja template)"
 
 
 class TemplateError(ValueError):
@@ -51,10 +124,21 @@ def resolve_chat_template(spec: str | None, tokenizer, kwargs: dict | None = Non
     """The Jinja template for ``data.chat_template``, with ``kwargs`` (``data.chat_template_kwargs``) written in as its
     defaults (``with_defaults``).
 
-    None -> the tokenizer's own template; a built-in name (``chatml``, ``llama3``) -> that template; a string
+    None -> the tokenizer's own template; a built-in name (``BUILTINS``) -> that template; a string
     containing ``{{`` or ``{%`` -> the string itself (inline Jinja). Anything else is a TemplateError.
     """
     return with_defaults(_resolved(spec, tokenizer), kwargs or {})
+
+
+def response_template_for(spec: str | None, tokenizer) -> dict | None:
+    """How to read a model's answer back into a message under ``data.chat_template`` = ``spec`` (a transformers
+    response template, which ``tokenizer.parse_response`` reads and final/'s tokenizer_config.json keeps): a built-in's
+    own (None for one that writes only text); unset, the tokenizer's own (some models ship one beside their template);
+    an inline Jinja template, none (a parser written for another template would misread it)."""
+    if spec is None:
+        return getattr(tokenizer, "response_template", None)
+    builtin = BUILTINS.get(spec)
+    return builtin.response if builtin is not None else None
 
 
 def with_defaults(template: str, kwargs: dict) -> str:
@@ -214,6 +298,6 @@ def check_image_template(template: str, tokenizer, image_token: str) -> None:
         problem = f"writes the image token {image_token!r} {count} times for one image part (rendered: {rendered!r})"
     raise TemplateError(
         f"data.chat_template: the chat template {problem}; a vision-language model's template writes {image_token!r} "
-        "for each {\"type\": \"image\"} part. Unset data.chat_template to use the model's own template (the built-in "
-        "chatml and llama3 take text only), or write one that does."
+        "for each {\"type\": \"image\"} part. Unset data.chat_template to use the model's own template (ft's "
+        "built-in templates take text only), or write one that does."
     )

@@ -18,11 +18,9 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}  # Axolotl's default role
 # dataset-entry keys ft has no equivalent for, and why
 ENTRY_REASONS = {
     "drop_system_message": "ft keeps system messages; drop them from the data, or use a chat template without them",
-    "field_thinking": "ft's chat format reads role and content; a separate reasoning field is not passed to the "
-                      "template (put the reasoning into content)",
-    "template_thinking_key": "ft's chat format reads role and content only",
-    "split_thinking": "ft does not split reasoning out of the content",
-    "field_tools": "ft's chat format reads messages only; tool definitions are not passed to the template",
+    "split_thinking": "ft does not split reasoning out of a message's content (a <think>…</think> there stays part "
+                      "of the answer's text): it reads the reasoning from its own key (`reasoning_content`, or the "
+                      "one field_thinking names); move the reasoning there once, in the data",
     "field_system": "ft's formats have no per-row system field",
     "message_field_training": "ft trains every assistant turn (data.train_on), not a per-message choice",
     "message_field_training_detail": "ft trains every assistant turn, not character spans",
@@ -40,6 +38,12 @@ ENTRY_REASONS = {
 # dataset-entry keys that name a column: {format: the ft name they rename}
 FIELD_KEYS = {"field_messages": {"chat": "messages", "preference": "prompt"}, "field_chosen": {"preference": "chosen"},
               "field_rejected": {"preference": "rejected"}, "field": {"text": "text"}, "text_column": {"text": "text"}}
+# what ft's chat format reads of a message (ft.data.formats: role, content and CHAT_KEYS; a test holds them equal)
+MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "tool_call_id", "name")
+# dataset-entry keys naming where a chat row keeps what ft reads beside its messages: {key: the ft name it maps in
+# `fields:`}; Axolotl's default for each is that very name
+CHAT_FIELDS = {"field_thinking": "reasoning_content", "field_tools": "tools"}
+THINKING_KEY = "reasoning_content"  # the name under which ft hands an assistant's reasoning to the chat template
 # dataset-entry keys ft follows only at Axolotl's default value: (that value, why another is not carried)
 DEFAULT_ONLY = {
     "roles_to_train": (["assistant"], "ft trains the assistant turns; data.train_on: all trains every token, there is "
@@ -167,6 +171,8 @@ def _entry_key(ctx: Ctx, prefix: str, where: str, key: str, value: Any, source: 
             ctx.off(full, "the same as the config's own")
         else:
             ctx.skip(full, "ft renders every source with the one data.chat_template")
+    elif key in CHAT_FIELDS or key == "template_thinking_key":
+        _chat_field(ctx, full, key, str(value), fmt, fields, where)
     elif key in DEFAULT_ONLY:
         wanted, why = DEFAULT_ONLY[key]
         if value == wanted:
@@ -195,11 +201,32 @@ def _message_keys(ctx: Ctx, full: str, key: str, value: Any, fields: dict, where
     if not isinstance(value, dict):
         ctx.skip(full, "expected a mapping such as {role: from, content: value}")
         return
-    fields.update({name: str(column) for name, column in value.items()
-                   if name in ("role", "content") and column != name})
-    extra = sorted(name for name in value if name not in ("role", "content"))
-    ctx.carry(full, (f"{where}.fields",), f"ft's chat format reads role and content only; {', '.join(extra)} not "
-              "passed to the template" if extra else "")
+    fields.update({name: str(column) for name, column in value.items() if name in MESSAGE_KEYS and column != name})
+    extra = sorted(name for name in value if name not in MESSAGE_KEYS)
+    ctx.carry(full, (f"{where}.fields",), f"ft's chat format reads {', '.join(MESSAGE_KEYS)} of a message; "
+              f"{', '.join(extra)} not passed to the template" if extra else "")
+
+
+def _chat_field(ctx: Ctx, full: str, key: str, value: str, fmt: str, fields: dict, where: str) -> None:
+    """``field_thinking`` (the message key holding an assistant's reasoning) and ``field_tools`` (the row column
+    holding its tool definitions) as the source's ``fields:`` names for ``reasoning_content`` and ``tools``;
+    ``template_thinking_key`` (the key the chat template reads the reasoning under) only as ``reasoning_content``,
+    the one ft hands it. ft reads reasoning and tools in the chat rows of text models only."""
+    if fmt != "chat" or ctx.modality == "vision":
+        rows = f"`{fmt}` rows" if fmt != "chat" else "a vision-language model's chats"
+        ctx.skip(full, f"ft reads reasoning and tool definitions in text models' chat rows only, not in {rows}")
+    elif key == "template_thinking_key" and value != THINKING_KEY:
+        ctx.skip(full, f"ft hands the reasoning to the chat template as `{THINKING_KEY}` only; a template that reads "
+                 f"it as `{value}` (as gpt-oss's does with `thinking`) writes none of it, and ft refuses such rows by "
+                 f"name (the template drops their reasoning): use a template that reads `{THINKING_KEY}` "
+                 "(data.chat_template)")
+    elif key == "template_thinking_key":
+        ctx.same(full, f"the template reads the reasoning as `{THINKING_KEY}`")
+    elif value == CHAT_FIELDS[key]:
+        ctx.same(full, f"ft reads `{value}`")
+    else:
+        fields[CHAT_FIELDS[key]] = value
+        ctx.carry(full, (f"{where}.fields",))
 
 
 def _roles(ctx: Ctx, full: str, value: Any, source: dict, where: str) -> None:
@@ -305,6 +332,13 @@ def preparation(ctx: Ctx) -> None:
                      "`train.train_sampling_strategy: sequential`")
         else:
             ctx.same("shuffle_merged_datasets", "the trainer shuffles the rows")
+
+
+@handles("chat_template_kwargs")
+def chat_template_kwargs(ctx: Ctx) -> None:
+    ctx.put("chat_template_kwargs", "data.chat_template_kwargs", dict(ctx.get("chat_template_kwargs")),
+            "written into the chat template as the defaults of its variables, so the template the run ships (and "
+            "`ft generate`) renders with them too, not only training as in Axolotl")
 
 
 @handles("chat_template", "chat_template_jinja")

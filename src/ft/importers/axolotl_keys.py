@@ -173,7 +173,7 @@ _TEXTS = ("base_model", "base_model_config", "revision_of_model", "output_dir", 
           "excess_length_strategy", "wandb_project", "wandb_name", "trackio_project_name", "trackio_run_name",
           "trackio_space_id", "mlflow_experiment_name", "mlflow_run_name", "processor_type", "image_resize_algorithm")
 _MAPPINGS = ("gradient_checkpointing_kwargs", "lr_scheduler_kwargs", "bnb_config_kwargs", "trl", "fsdp_config",
-             "special_tokens")
+             "special_tokens", "chat_template_kwargs")
 EXPECTED: dict[str, str] = {  # Axolotl key -> its kind
     **dict.fromkeys(_NUMBERS, "a number"), **dict.fromkeys(_TEXTS, "text"), **dict.fromkeys(_MAPPINGS, "a mapping"),
     **dict.fromkeys(("datasets", "test_datasets", "pretraining_dataset"), "a list or a mapping"),
@@ -187,7 +187,7 @@ ENTRY_EXPECTED: dict[str, str] = {  # dataset-entry key -> its kind
     "type": "text or a mapping", "roles": "a mapping of lists", "message_property_mappings": "a mapping",
     "data_files": "text or a list of text", "field_messages": "text", "field_chosen": "text",
     "field_rejected": "text", "field": "text", "text_column": "text", "message_field_role": "text",
-    "message_field_content": "text",
+    "message_field_content": "text", "field_thinking": "text", "field_tools": "text", "template_thinking_key": "text",
 }
 
 

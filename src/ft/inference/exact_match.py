@@ -10,12 +10,20 @@ that turn, a preference pair's prompt and ``chosen`` answer, a prompt row's prom
 
 A prompt given as messages is rendered with the chat template (as the trainers render it: ``ft.data.templates.render``,
 with the row's own ``tools``, else ``data.tools``; ``data.chat_template_kwargs`` are written into the template the run
-trains with, so the same ones apply); a text prompt is continued as it is. A held-out chat whose last assistant turn is
-a tool call has no text answer to compare, and is not scored.
+trains with, so the same ones apply); a text prompt is continued as it is.
+
+A held-out chat whose last assistant turn calls tools is scored on its calls: the model's answer is read back into a
+message by the tokenizer's response template (transformers' ``tokenizer.parse_response``; the built-in
+``chatml-tools`` template brings its own, ``ft.data.templates.BUILTINS``, and ``ft train`` sets it beside the chat
+template), and it is right when its calls equal the row's as parsed JSON (each call's name and arguments: key order,
+JSON whitespace and ``2`` against ``2.0`` do not matter; a string ``"2"`` is not the number ``2``) and its text beside
+them equals the turn's. exact_match.jsonl and the examples show both sides as compact JSON text (``call_text``). A
+tokenizer with no response template cannot read calls back: such rows are then left out, and the run says so.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,7 +37,7 @@ EXAMPLES = 3  # (prompt, expected, got) triples kept for the report
 @dataclass(frozen=True)
 class HeldOut:
     prompt: str | list  # text, or a list of {role, content} messages (with their tool calls, as canonical rows hold)
-    answer: str
+    answer: str | dict  # the expected text, or the expected assistant message when its tool calls are the answer
     images: tuple[str, ...] = ()  # a vision-language model's row: its images' paths (or URLs), in the prompt's order
     tools: list | None = None  # the tool definitions the template renders with a chat prompt (the row's, or data.tools)
 
@@ -55,11 +63,13 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     was_training = model.training
     model.eval()
     answers: list[str] = []
+    prompts: list[str] = []
     ended = 0
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             texts = [_rendered(tokenizer, row.prompt, row.tools) for row in batch]
+            prompts += texts
             templated = isinstance(batch[0].prompt, list)  # a rendered template holds its special tokens
             encoded = tokenizer(text=texts, return_tensors="pt", padding=True, add_special_tokens=not templated,
                                 **_pictures(batch, sizing)).to(model.device)
@@ -75,18 +85,85 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     finally:
         text_side.padding_side = side
         model.train(was_training)
-    right = [got.strip() == row.answer.strip() for row, got in zip(rows, answers, strict=True)]
-    return {"exact_match": round(sum(right) / len(rows), 4) if rows else None, "n": len(rows),
-            "ended_turn": round(ended / len(rows), 4) if rows else None,
-            "examples": [{"prompt": _shown(row.prompt), "expected": row.answer, "got": got.strip()}
-                         for row, got in zip(rows[:examples], answers, strict=False)]}
+    scored = [_score(text_side, row, got, prompt) for row, got, prompt in zip(rows, answers, prompts, strict=True)]
+    return {"exact_match": round(sum(right for right, _, _ in scored) / len(rows), 4) if rows else None,
+            "n": len(rows), "ended_turn": round(ended / len(rows), 4) if rows else None,
+            "examples": [{"prompt": _shown(row.prompt), "expected": expected, "got": got}
+                         for row, (_, expected, got) in zip(rows[:examples], scored, strict=False)]}
 
 
-def held_out_rows(recipe, n: int | None = None, images: bool = False) -> list[HeldOut]:
+def reads_calls(tokenizer) -> bool:
+    """Whether ``tokenizer`` can read a model's tool calls back from its text: it has a response template
+    (``tokenizer.parse_response``)."""
+    return getattr(text_tokenizer(tokenizer), "response_template", None) is not None
+
+
+def read_answer(tokenizer, text: str, prompt: str = "") -> dict | None:
+    """``text`` (what the model wrote after ``prompt``) read back into an assistant message by the tokenizer's response
+    template (``{"role": "assistant", "content"?, "tool_calls"?: [{"type": "function", "function": …}]}``); None when
+    the tokenizer has none, or the text does not parse (a call that is not JSON)."""
+    if not reads_calls(tokenizer):
+        return None
+    try:
+        return text_tokenizer(tokenizer).parse_response(text, prefix=prompt)
+    except Exception:  # noqa: BLE001 (any failure to parse what a model wrote makes that answer unreadable, not the run)
+        return None
+
+
+def call_text(message: dict) -> str:
+    """An assistant message with tool calls as exact match compares and shows it: its text (stripped; omitted when
+    empty), then its calls as compact JSON, ``[{"arguments":{…},"name":"…"}]``, keys sorted and whole-number floats
+    written as integers, so that two messages whose calls are equal as parsed JSON give the same text."""
+    calls = [_call(call) for call in message.get("tool_calls") or ()]
+    content = message.get("content")
+    content = content.strip() if isinstance(content, str) else ""
+    dumped = json.dumps(_canonical(calls), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return f"{content}\n{dumped}" if content else dumped
+
+
+def _call(call) -> object:
+    """A call's name and arguments (OpenAI's layout, ``{"type": "function", "function": {"name", "arguments"}}``, or
+    the function alone); anything else a model wrote inside the call's tags, as it is."""
+    function = call.get("function", call) if isinstance(call, dict) else call
+    if isinstance(function, dict) and set(function) <= {"name", "arguments"}:
+        return {"name": function.get("name"), "arguments": function.get("arguments")}
+    return function
+
+
+def _canonical(value):
+    """``value`` (parsed JSON) with every whole-number float an int (JSON has one number type: ``2.0`` is ``2``)."""
+    if isinstance(value, dict):
+        return {key: _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _score(tokenizer, row: HeldOut, got: str, prompt: str) -> tuple[bool, str, str]:
+    """(right, the expected answer, the answer), the two as exact_match.jsonl shows them: texts, stripped; for a row
+    whose answer is tool calls, ``call_text`` of both (of the answer when it reads back as calls and nothing else, else
+    the text the model wrote)."""
+    if isinstance(row.answer, str):
+        return got.strip() == row.answer.strip(), row.answer, got.strip()
+    expected = call_text(row.answer)
+    message = read_answer(tokenizer, got, prompt)
+    if message is None or not message.get("tool_calls"):
+        return False, expected, got.strip()
+    said = call_text(message)
+    shown = said if not (message.get("content") or "").strip() else got.strip()
+    return said == expected, expected, shown
+
+
+def held_out_rows(recipe, n: int | None = None, images: bool = False, calls: bool = True,
+                  say: Callable[[str], None] | None = None) -> list[HeldOut]:
     """The first ``n`` held-out rows of ``recipe`` for ``data.eval_exact_match``: its ``source`` when set, else the
     recipe's evaluation data (its ``data.eval`` sources, or the rows ``split_ratio`` holds out). Raises DataError
     when there are none. Each row is read by its own source's format (rows keep their source's index). ``images``:
-    read for a vision-language model, each row with its images (checked as training checks them)."""
+    read for a vision-language model, each row with its images (checked as training checks them). ``calls``: whether
+    rows whose answer is tool calls are kept (``reads_calls`` of the run's tokenizer); left out, ``say`` is told how
+    many, and why."""
     from ..data.build import read_splits
     from ..data.formats import FORMATS
 
@@ -105,16 +182,22 @@ def held_out_rows(recipe, n: int | None = None, images: bool = False) -> list[He
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
     formats = [FORMATS[source.format] for source in sources]
     tools = recipe.data.tool_list
-    rows = []
+    rows, unread = [], 0
     for row in dataset:
         held = formats[row[SOURCE]].prompt_and_answer(row, field)
-        if held is not None:
+        if held is not None and not calls and isinstance(held[1], dict):
+            unread += 1
+        elif held is not None:
             rows.append(HeldOut(*held, images=tuple(row.get("images") or ()), tools=row.get("tools") or tools))
             if n is not None and len(rows) == n:
                 break
+    why = (f"; {unread} {'ends' if unread == 1 else 'end'} on a tool call, which the chat template has no response "
+           "template to read back from the model's text (data.chat_template: chatml-tools has one)") if unread else ""
     if not rows:
         raise DataError(f"data.eval_exact_match: no row of {key} has both a prompt and an expected answer "
-                        f"(columns: {', '.join(c for c in dataset.column_names if not c.startswith('__ft'))}).")
+                        f"(columns: {', '.join(c for c in dataset.column_names if not c.startswith('__ft'))}){why}.")
+    if unread and say is not None:
+        say(f"ft: exact match: {unread} held-out {'row is' if unread == 1 else 'rows are'} not scored{why}")
     return rows
 
 

@@ -97,7 +97,9 @@ class DataSection(Section):
     train_on: Literal["assistant", "all"] = Field(
         "assistant", description="Which tokens carry loss: assistant turns (chat) / completions (text) only, or all.")
     chat_template: Optional[StrictStr] = Field(
-        None, description="Unset: the tokenizer's own; `chatml` or `llama3`; or an inline Jinja template.")
+        None, description="Unset: the tokenizer's own; `chatml`, `chatml-tools` (ChatML with tool definitions and "
+        "calls, as Hermes and Qwen2.5 write them: <tools> in the system prompt, <tool_call> JSON, <tool_response>; "
+        "exact match reads its calls back) or `llama3`; or an inline Jinja template.")
     chat_template_kwargs: dict[StrictStr, Any] = Field(
         default_factory=dict, description="Variables the chat template reads, e.g. {enable_thinking: false} (Qwen3) "
         "or {date_string: 26 Jul 2024} (Llama 3.1): written into the template as their defaults, so that training, "

@@ -206,7 +206,8 @@ def _score_before_training(run: _Run) -> None:
     baseline scored as the trained model will be (not on a resume: its loaded weights are not its start)."""
     settings = run.recipe.data.eval_exact_match
     seeing = getattr(run.trainer.processing_class, "image_processor", None) is not None  # a VLM: rows keep images
-    run.held_out = exact_match.held_out_rows(run.recipe, settings.n, seeing) \
+    calls = exact_match.reads_calls(run.trainer.processing_class)  # rows answered by tool calls are scored
+    run.held_out = exact_match.held_out_rows(run.recipe, settings.n, seeing, calls, run.say) \
         if run.main and settings is not None else None
     baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.say) \
         if not run.resume_from else None
@@ -415,6 +416,8 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     template = data.chat_template_for(recipe, processing_class)
     if template is not None:
         processing_class.chat_template = template  # final/ ships the template the model was trained with
+        # ... and how to read calls back from what it writes (exact match; anyone's tokenizer.parse_response)
+        tokenizer.response_template = data.response_template_for(recipe.data.chat_template, tokenizer)
     # one process writes data.prepared_path, the others wait for it outside any collective (no timeout)
     if ranks.world_size() > 1 and recipe.data.prepared_path is not None:
         say(f"data: the other {ranks.world_size() - 1} processes read {recipe.data.prepared_path} once this one has "
