@@ -44,7 +44,8 @@ class HeldOut:
 
 def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
                 examples: int = EXAMPLES, sizing=None) -> dict:
-    """The share of ``rows`` (``HeldOut`` or ``{"prompt", "answer"}``) whose greedy answer equals the expected one:
+    """The share of ``rows`` (``HeldOut`` or ``{"prompt", "answer"}``) whose greedy answer equals the expected one (a
+    text stripped; tool calls as parsed JSON, read back by ``tokenizer``'s response template: the module's docstring):
     ``{"exact_match": fraction, "n": count, "ended_turn": fraction, "examples": [{"prompt", "expected", "got"}, …]}``
     (the examples are the first rows, right or wrong). ``ended_turn`` is the share of answers that stopped on an
     end-of-sequence (or pad) token within ``max_new_tokens``: a model that learned to stop ends its answer itself;
