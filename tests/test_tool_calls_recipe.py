@@ -71,3 +71,19 @@ def test_ft_generate_with_the_tools_file_prints_the_call(trained):
     assert found, result.stdout
     call = json.loads(found.group(1))
     assert [call] == json.loads(line["expected"])
+
+
+def test_final_ships_the_template_and_how_to_read_its_calls_back(trained):
+    """final/'s tokenizer keeps chatml-tools and its response template (ft.run.train sets both), so anyone's
+    ``tokenizer.parse_response`` reads the trained model's calls back as exact match did."""
+    from transformers import AutoTokenizer
+
+    from ft.data.templates import BUILTIN_TEMPLATES, response_template_for
+
+    tokenizer = AutoTokenizer.from_pretrained(trained / "final")
+    assert tokenizer.chat_template == BUILTIN_TEMPLATES["chatml-tools"]
+    assert tokenizer.response_template == response_template_for("chatml-tools", tokenizer)
+    line = next(line for line in _lines(trained) if _calls(line))
+    message = tokenizer.parse_response(f"<tool_call>\n{json.dumps(json.loads(line['expected'])[0])}\n</tool_call>"
+                                       "<|im_end|>", prefix="<|im_start|>assistant\n")
+    assert [call["function"] for call in message["tool_calls"]] == json.loads(line["expected"])

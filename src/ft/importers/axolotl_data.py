@@ -365,7 +365,8 @@ def chat_template(ctx: Ctx) -> None:
                  "; without one, set data.chat_template (Axolotl falls back to " + name.rsplit("_", 1)[-1] + ")"))
     else:
         own = "the processor's" if ctx.modality == "vision" else "the tokenizer's"
-        ctx.skip("chat_template", f"ft builds in chatml and llama3 only; the recipe uses {own} own "
+        ctx.skip("chat_template", f"ft has no built-in `{name}` (of Axolotl's names it builds in chatml and llama3); "
+                 f"the recipe uses {own} own "
                  f"template (ft's default: for this model family's instruct models usually `{name}` itself), or "
                  "paste the Jinja text into data.chat_template")
 
