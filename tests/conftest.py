@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import subprocess
@@ -19,6 +20,7 @@ MEASURED_THREADS = {"OMP_NUM_THREADS": "2"}
 
 import pytest  # noqa: E402 (after the thread setting above)
 import yaml  # noqa: E402
+from ft_server import Forked, ForkServer  # noqa: E402
 
 from ft.machine.hardware import Hardware  # noqa: E402
 
@@ -33,21 +35,65 @@ DATA = ROOT / "data" / "arithmetic"
 TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lora_merged", "smollm2"}
 
 
+# the files that take longest (measured, 2 cores), run first: pytest-xdist hands the test processes whole files in the
+# order collected, and a long file handed out last keeps one process busy while the other waits
+LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_model.py", "test_loss_types.py",
+                 "test_exact_resume.py", "test_smoke.py", "test_checkpoints.py")
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if TRAINING_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
+_SERVER: list[ForkServer] = []  # this test process's fork server, started by its first command
+
+
+@atexit.register
+def _close_server() -> None:
+    if _SERVER:
+        _SERVER.pop().close()
+
+
+def _server_and_env(changes: dict[str, str | None] | None) -> tuple[ForkServer | None, dict[str, str]]:
+    """The environment of an ``ft`` command (this process's, with ``changes``: a value sets a variable, None removes
+    it), and this process's fork server if the command can run there (its environment is the server's)."""
+    plain = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    env = {key: value for key, value in {**plain, **(changes or {})}.items() if value is not None}
+    if _SERVER and not _SERVER[0].serves(plain) and not _SERVER[0].lock.locked():
+        # this process's environment changed (a library a test ran in this process set a variable: accelerate sets
+        # FSDP_CPU_RAM_EFFICIENT_LOADING): a new server, with the environment as it is now, once the old one is idle
+        _SERVER.pop().close()
+    if not _SERVER:
+        _SERVER.append(ForkServer(plain))
+    return (_SERVER[0] if _SERVER[0].serves(env) else None), env
 
 
 def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
            env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``ft`` command in a subprocess (exit codes and stderr are part of the contract). ``env`` changes
-    this process's environment for it: a value sets a variable, None removes it."""
-    changes = env or {}
-    env = {key: value for key, value in {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **changes}.items()
-           if value is not None}
-    return subprocess.run([sys.executable, "-m", "ft", *args], cwd=cwd or ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    """Run the real ``ft`` command in a process of its own (exit codes and stderr are part of the contract). ``env``
+    changes this process's environment for it: a value sets a variable, None removes it.
+
+    The process is forked from this test process's ``ft_server`` (what ``ft train`` imports, imported once) when the
+    command's environment is the server's, and a fresh ``python -m ft`` otherwise."""
+    server, env = _server_and_env(env)
+    command = [sys.executable, "-m", "ft", *args]
+    if server and (done := server.run(command, env, cwd or ROOT, timeout)) is not None:
+        return done
+    return subprocess.run(command, cwd=cwd or ROOT, env=env, text=True, capture_output=True, timeout=timeout)
+
+
+def start_ft(*args: str, env: dict[str, str | None] | None = None) -> subprocess.Popen | Forked:
+    """Start the real ``ft`` command, run in the repository as ``run_ft`` runs it, and return at once: a process to
+    signal, poll and ``communicate`` with (stdout and stderr captured as text)."""
+    server, env = _server_and_env(env)
+    command = [sys.executable, "-m", "ft", *args]
+    if server and (started := server.start(command, env, ROOT)) is not None:
+        return started
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def built_trainer(recipe_path: Path, hw: Hardware = CPU):
@@ -182,12 +228,13 @@ def train_run(folder: Path, recipe: dict) -> Path:
     return Path(recipe["train"]["output_dir"])
 
 
-def train_shortened(recipe: Path, out: Path, steps: int, held_out: str) -> Path:
+def train_shortened(recipe: Path, out: Path, steps: int, held_out: str, *sets: str) -> Path:
     """A shipped recipe trained through the real CLI as CI affords it: ``steps`` steps into ``out``, no eval loss and
-    no checkpoint, exact match as ``held_out`` (a ``data.eval_exact_match`` value, with its own ``source``); ``out``."""
+    no checkpoint, exact match as ``held_out`` (a ``data.eval_exact_match`` value, with its own ``source``), and any
+    other ``--set`` KEY=VALUE ``sets``; ``out``."""
     result = run_ft("train", str(recipe), "--set", f"train.output_dir={out}", "--set", f"train.max_steps={steps}",
                     "--set", "data.eval=[]", "--set", f"data.eval_exact_match={held_out}",
-                    "--set", "train.save_strategy='no'")
+                    "--set", "train.save_strategy='no'", *(arg for key_value in sets for arg in ("--set", key_value)))
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 

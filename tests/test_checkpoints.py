@@ -4,17 +4,15 @@ preemption: SIGTERM saves a JIT checkpoint, exits 143, and the same command resu
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ASSETS, ROOT, assert_same_final_weights, run_ft, tiny_sft
+from conftest import ASSETS, assert_same_final_weights, run_ft, start_ft, tiny_sft
 
 from ft.outputs.checkpoints import INCOMPLETE_MARKER, ResumeError, complete_checkpoints, resolve_resume
 
@@ -179,9 +177,9 @@ def steps_by_run(log) -> list[list[int]]:
     return list(runs.values())
 
 
-def _stop(command, out, env, at_step: int, signum=signal.SIGTERM) -> tuple[subprocess.Popen, str]:
+def _stop(args, out, at_step: int, signum=signal.SIGTERM) -> tuple[subprocess.Popen, str]:
     hold_at(out, at_step)
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    process = start_ft(*args)
     signal_at_step(process, out, at_step, signum)
     _, stderr = process.communicate(timeout=300)
     return process, stderr
@@ -197,13 +195,12 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     recipe = tiny_sft(out, max_steps=total)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
-    command = [sys.executable, "-m", "ft", "train", str(path), "--set", "train.logging_steps=10"]
-    resume = shlex.join(["ft", "train", str(path), "--set", "train.logging_steps=10"])
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    args = ["train", str(path), "--set", "train.logging_steps=10"]
+    resume = shlex.join(["ft", *args])
 
     stops = []
     for at_step in (5, None):  # the second stop comes 10 steps after the first
-        process, stderr = _stop(command, out, env, at_step or stops[-1] + 10)
+        process, stderr = _stop(args, out, at_step or stops[-1] + 10)
         assert process.returncode == 143, stderr[-3000:]
         checkpoint = complete_checkpoints(out)[-1]
         stops.append(int(checkpoint.name.split("-")[1]))
@@ -217,7 +214,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     assert 5 <= stops[0] < stops[1] < total
 
     (out / "hold-at").unlink()  # this run is not stopped: nothing to hold for
-    resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = run_ft(*args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {out / f'checkpoint-{stops[1]}'}" in resumed.stderr
     assert "missing keys" not in resumed.stderr  # the tied lm_head.weight, stored once, is no news (notices.py)
@@ -234,7 +231,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert_same_final_weights(out, tmp_path / "uninterrupted")
 
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    again = run_ft(*args)
     assert again.returncode == 2 and "already holds a completed run" in again.stderr
     assert "--resume never" in again.stderr
 
@@ -245,10 +242,9 @@ def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, t
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=150)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
-    command = [sys.executable, "-m", "ft", "train", str(write_recipe(recipe))]
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    args = ["train", str(write_recipe(recipe))]
 
-    process, stderr = _stop(command, out, env, 5, signal.SIGINT)  # one Ctrl-C: a JIT checkpoint, as for SIGTERM
+    process, stderr = _stop(args, out, 5, signal.SIGINT)  # one Ctrl-C: a JIT checkpoint, as for SIGTERM
     assert process.returncode == 130, stderr[-3000:]
     (checkpoint,) = complete_checkpoints(out)
     summary = json.loads((out / "summary.json").read_text())
@@ -258,7 +254,7 @@ def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, t
     # resumed, then Ctrl-C twice: the second ends the process at once, before the JIT save (3 s after the first)
     at = _progress(out) + 3
     hold_at(out, at)
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    process = start_ft(*args)
     signal_at_step(process, out, at, signal.SIGINT)
     time.sleep(0.5)
     started = time.monotonic()
@@ -278,8 +274,7 @@ def test_sigterm_with_jit_checkpointing_off_still_ends_the_run(write_recipe, tmp
     recipe = tiny_sft(out, max_steps=200, enable_jit_checkpoint=False)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
     hold_at(out, 5)
-    process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(write_recipe(recipe))], cwd=ROOT,
-                               env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
+    process = start_ft("train", str(write_recipe(recipe)))
     sigterm_once_started(process, out)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM, stderr[-3000:]

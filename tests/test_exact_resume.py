@@ -9,12 +9,8 @@ step's forward and backward and before its optimizer step, holding the random st
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from conftest import ASSETS, DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
+from conftest import ASSETS, DATA, assert_same_final_weights, run_ft, tiny_sft
 
 from ft.outputs.checkpoints import complete_checkpoints
 from ft.run.signals import jit_kill_wait
@@ -111,16 +107,15 @@ def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weights(writ
     stopped = build(out)
     hold = jit_kill_wait() + 0.5
     stopped["callbacks"] = [{"cls": "sigterm_at:SigtermAt", "kwargs": {"step": stop_step, "hold": hold}}]
-    command = [sys.executable, "-m", "ft", "train", str(write_recipe(stopped))]
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    args = ["train", str(write_recipe(stopped))]
 
-    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    first = run_ft(*args)
     assert first.returncode == 143, first.stderr[-3000:]
     (checkpoint,) = complete_checkpoints(out)
     step = int(checkpoint.name.split("-")[1])
     expected = 4 if case == "grpo-four-steps-per-generation" else stop_step + 1
     assert step == expected, (step, first.stderr[-2000:])  # the end of the held step (GRPO: of its round)
-    resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = run_ft(*args)
     assert resumed.returncode == 0 and f"resuming from {checkpoint}" in resumed.stderr, resumed.stderr[-3000:]
 
     reference = run_ft("train", str(write_recipe(build(tmp_path / "uninterrupted"), name="uninterrupted.yaml")))

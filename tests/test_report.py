@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import signal
 import struct
-import subprocess
-import sys
 
 import pytest
 import yaml
-from conftest import DATA, ROOT, run_ft, tiny_sft
+from conftest import DATA, run_ft, start_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, hold_at, signal_at_step
 
 from ft.outputs import plots
@@ -75,8 +72,7 @@ def stopped_run(tmp_path_factory):
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
     out = folder / "out"
     hold_at(out, 3)
-    process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(_write(folder, "out", recipe))], cwd=ROOT,
-                               env={**os.environ, "TQDM_DISABLE": "1"}, stderr=subprocess.PIPE, text=True)
+    process = start_ft("train", str(_write(folder, "out", recipe)))
     signal_at_step(process, out, 3, signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 143, stderr[-3000:]

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.slow
 RECIPE = ROOT / "recipes" / "smollm2-tools.yaml"
 DATA = ROOT / "data" / "tool-calls"
 HELD_OUT = 40  # held-out rows scored before and after (the shipped recipe scores 200); their first 32 are calls
-# all of the recipe's 50 steps: measured on 2 cores (2026-12-06, seed 0, one thread as the suite runs ft), 30 steps and
-# 40 steps each got 30 of the 32 calls right (the threshold allows 3 misses), 50 steps (two threads, seeds 0 and 1) all
-# 32; training is most of this test's time (about 7 s a step on one thread)
-STEPS = 50
+# the recipe's 50 steps of 2 rows, not 4: training is most of this test's time (the rows are about 260 tokens, 180 of
+# them the tools), and half the rows halve it. Measured on 2 cores (2026-12-06, seed 0): 31 of the 32 calls right (the
+# threshold allows 3 misses), training 105 s on two threads; with 4 rows, 30 and 40 steps got 30 of them, 50 steps 32
+STEPS, ROWS = 50, 2
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def trained(smollm2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smollm2-tools") / "run"
     # no eval loss: the held-out rows are the exact match's own source
     held_out = f"{{n: {HELD_OUT}, max_new_tokens: 56, source: {{path: {DATA / 'eval.jsonl'}, format: chat}}}}"
-    return train_shortened(RECIPE, out, STEPS, held_out)
+    return train_shortened(RECIPE, out, STEPS, held_out, f"train.per_device_train_batch_size={ROWS}")
 
 
 def _lines(run: Path) -> list[dict]:

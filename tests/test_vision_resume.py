@@ -16,14 +16,11 @@ a regular checkpoint, ``checkpoint-<STOP_AT + 1>``, however fast or loaded the m
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, assert_same_final_weights, run_ft
+from conftest import assert_same_final_weights, run_ft
 from test_vision import COLOURS, _square, build_tiny_llava
 
 from ft.outputs.checkpoints import complete_checkpoints
@@ -121,15 +118,14 @@ def test_a_vision_run_stopped_by_sigterm_resumes_to_the_uninterrupted_runs_weigh
     stopped["callbacks"] = [{"cls": "stop_after:StopAfter", "kwargs": {"step": STOP_AT}}]
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(stopped, sort_keys=False))
-    command = [sys.executable, "-m", "ft", "train", str(path), "--resume", "auto"]
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    args = ["train", str(path), "--resume", "auto"]
 
-    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    first = run_ft(*args)
     assert first.returncode == 143, first.stderr[-3000:]
     (checkpoint,) = complete_checkpoints(out)
     assert checkpoint.name == f"checkpoint-{STOP_AT + 1}", first.stderr[-2000:]
     assert not (out / "final").exists()
-    resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    resumed = run_ft(*args)
     assert resumed.returncode == 0 and f"resuming from {checkpoint}" in resumed.stderr, resumed.stderr[-3000:]
 
     reference_path = tmp_path / "uninterrupted.yaml"

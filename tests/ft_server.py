@@ -1,0 +1,198 @@
+"""A fork server for the test suite's ``ft`` commands: it imports what ``ft train`` imports (torch, transformers, TRL,
+PEFT, datasets, bitsandbytes: about 4 of the 5-6 seconds a smoke run takes on 2 cores) once, then forks one child per
+command, and each child runs ``python -m ft ARGS`` as that command would: ``runpy`` runs ``ft.__main__`` as
+``__main__`` with ``sys.argv`` set, in the command's folder and environment, with stdin on /dev/null and stdout and
+stderr in files, and it ends as the interpreter ends (``SystemExit``, an uncaught exception's traceback and exit 1,
+atexit handlers). The suite runs some 300 commands; this is what keeps it within CI's time.
+
+What differs from a fresh process is only what was decided at import. The server's environment is the one the
+commands run with (``conftest.run_ft`` sends one whose environment differs, but for ``PYTEST_CURRENT_TEST``, to a
+fresh process instead), and bitsandbytes is imported as ``ft.model.bnb_import`` imports it for a run that uses none of
+its code (a QLoRA run here runs its fallback kernels uncompiled, with the same results). Tests of what a command
+imports run their own interpreter. A fork is safe only from one Python thread (another could hold a lock the child
+then waits on forever): the server checks that it runs no other before each fork and answers ``fresh`` otherwise, and
+the client then starts a fresh process. The native thread pools these imports start (OpenBLAS's through numpy,
+jemalloc's through pyarrow) release their locks around a fork themselves, as every forked ``DataLoader`` worker and
+``datasets.map(num_proc=...)`` relies on.
+
+Protocol, over the connection on the file descriptor named by argv[1] (``multiprocessing.connection``): the client
+sends ``{"args", "env", "cwd", "stdout", "stderr"}``; the server answers ``{"pid"}`` (or ``{"fresh": why}``) once the
+child has started and ``{"status"}`` (``os.waitstatus_to_exitcode``) once it has ended; EOF ends the server."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
+
+
+def preload() -> None:
+    """Import, once, what every ``ft train`` imports before it trains, but for TRL's trainers: they import trackio,
+    which reads ``TRACKIO_DIR`` at import, and ``ft.machine.trackers`` sets it, per run, before they are imported."""
+    import ft.cli  # noqa: F401
+    from ft.model.bnb_import import import_bitsandbytes
+
+    import_bitsandbytes(uses_it=False)
+    import accelerate  # noqa: F401
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    import trl  # noqa: F401
+    from torch.utils import tensorboard  # noqa: F401
+    from transformers import Trainer  # noqa: F401
+    from transformers.models.llama import modeling_llama  # noqa: F401
+
+    import ft.plan  # noqa: F401
+    import ft.run.train  # noqa: F401
+
+
+def child(request: dict, connection: Connection) -> None:
+    """In the forked child: become ``python -m ft ARGS`` run in ``cwd``; ends the interpreter, never returns."""
+    connection.close()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[0] = os.getcwd()  # as `python -m` puts the current folder first
+    sys.argv = ["-m", *request["args"]]
+    runpy.run_module("ft", run_name="__main__", alter_sys=True)
+    raise SystemExit(0)
+
+
+def serve(connection: Connection) -> None:
+    preload()
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:
+            return
+        if threading.active_count() != 1:
+            connection.send({"fresh": f"the server runs {threading.active_count()} Python threads"})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(request, connection)
+        connection.send({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        connection.send({"status": os.waitstatus_to_exitcode(status)})
+
+
+def _imported(env: dict[str, str]) -> dict[str, str]:
+    """What of ``env`` the server's imports could have read: all of it, but for ``PYTEST_CURRENT_TEST``."""
+    return {key: value for key, value in env.items() if key != "PYTEST_CURRENT_TEST"}
+
+
+class ForkServer:
+    """The client: one server per test process, started by its first command, ended with that process."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.connection, theirs = Pipe()
+        self.process = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], env=env,
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether a command with environment ``env`` runs here: ``env`` is the server's, but for the variable pytest
+        changes with every test (which the child is given)."""
+        return _imported(env) == _imported(self.env)
+
+    def start(self, command: list[str], env: dict[str, str], cwd: Path) -> Forked | None:
+        """``command`` (``python -m ft ARGS``) started as ``subprocess.Popen`` starts it, its stdout and stderr
+        captured; None when this server cannot (busy with another thread's command, another Python thread, or gone)."""
+        if self.broken or not self.lock.acquire(blocking=False):
+            return None
+        folder = tempfile.TemporaryDirectory()
+        out, err = Path(folder.name) / "stdout", Path(folder.name) / "stderr"
+        try:
+            self.connection.send({"args": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
+                                  "stderr": str(err)})
+            reply = self.connection.recv()
+        except (EOFError, OSError):
+            self.broken = True
+            reply = {"fresh": "the server is gone"}
+        if "fresh" in reply:
+            folder.cleanup()
+            self.lock.release()
+            return None
+        return Forked(self, command, reply["pid"], folder)
+
+    def run(self, command: list[str], env: dict[str, str], cwd: Path,
+            timeout: float) -> subprocess.CompletedProcess | None:
+        """``command`` run as ``subprocess.run(..., text=True, capture_output=True, timeout=timeout)`` runs it; None
+        when this server cannot."""
+        if (forked := self.start(command, env, cwd)) is None:
+            return None
+        try:
+            out, err = forked.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            forked.kill()
+            out, err = forked.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, out, err) from None
+        return subprocess.CompletedProcess(command, forked.returncode, out, err)
+
+    def close(self) -> None:
+        self.connection.close()
+        self.process.wait(timeout=60)
+
+
+class Forked:
+    """A command the server forked, with the part of ``subprocess.Popen``'s interface the tests use; it holds the
+    server (its lock) until its exit status has been read."""
+
+    def __init__(self, server: ForkServer, command: list[str], pid: int, folder: tempfile.TemporaryDirectory):
+        self.server, self.args, self.pid, self.folder = server, command, pid, folder
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.server.connection.poll(0):
+            self._ended()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not self.server.connection.poll(timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._ended()
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Its stdout and stderr once it has ended, read as text mode reads a pipe (the locale's encoding, universal
+        newlines)."""
+        self.wait(timeout)
+        folder = Path(self.folder.name)
+        try:
+            return (folder / "stdout").read_text(), (folder / "stderr").read_text()
+        finally:
+            self.folder.cleanup()
+
+    def _ended(self) -> None:
+        self.returncode = self.server.connection.recv()["status"]
+        self.server.lock.release()
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])))
