@@ -1,0 +1,55 @@
+"""The suite's fork server (``tests/ft_server.py``) runs a command as a fresh ``python -m ft`` runs it: the same
+stdout, stderr and exit status, in the command's folder and environment; a command whose environment the server was
+not started with runs fresh."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import conftest
+from conftest import ROOT, run_ft, start_ft
+from ft_server import Forked
+
+
+def _fresh(*args: str, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ft", *args], cwd=cwd, env=env, text=True, capture_output=True,
+                          timeout=120)
+
+
+def _same(forked: subprocess.CompletedProcess, fresh: subprocess.CompletedProcess) -> None:
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+def test_a_forked_command_prints_and_exits_as_a_fresh_one(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: sft\nmodel: {name: x}\ndata: {train: [{path: rows.jsonl}]}\nlearning_rat: 1\n")
+    for args in (("--help",), ("validate", str(bad)), ("no-such-command",)):
+        _same(run_ft(*args), _fresh(*args))
+    assert run_ft("validate", str(bad)).returncode == 2
+
+
+def test_a_forked_command_runs_in_its_folder(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("method: sft\nmodel: {name: ./no-model}\ndata: {train: [{path: rows.jsonl}]}\n")
+    _same(run_ft("validate", "r.yaml", cwd=tmp_path), _fresh("validate", "r.yaml", cwd=tmp_path))
+
+
+def test_a_started_command_is_forked_and_read_back():
+    process = start_ft("--help")
+    assert isinstance(process, Forked)  # the server ran it: the comparisons above are of forked commands
+    assert process.wait(timeout=120) == 0
+    out, _ = process.communicate()
+    assert out == _fresh("--help").stdout
+
+
+def test_a_command_with_another_environment_runs_fresh():
+    """An environment the server's imports did not see (here, what would move torch's threads) cannot be forked."""
+    run_ft("--help")
+    server = conftest._SERVER[0]
+    changed = {**server.env, "OMP_NUM_THREADS": "3"}
+    assert not server.serves(changed)
+    assert server.serves({**server.env, "PYTEST_CURRENT_TEST": "another test"})
