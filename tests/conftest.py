@@ -49,6 +49,18 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ft_cache(tmp_path_factory) -> Path:
+    """ft's cache (``FT_CACHE_DIR``: the tokenizers converted from GGUF files) for every command of the session, one
+    folder all its test processes share, in place before the first command starts: the machine's own cache is left
+    alone, and the real model's tokenizer is converted by the session's first command to need it, not by each."""
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "ft-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["FT_CACHE_DIR"] = str(folder)
+    return folder
+
+
 _SERVER: list[ForkServer] = []  # this test process's fork server, started by its first command
 
 

@@ -11,7 +11,8 @@ weights for, so both go through one code path (the quickstart uses it to run wit
 Adapters are in ``ft.model.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
 
 ``model.gguf_file``: transformers reads the config, tokenizer and weights of a GGUF file (llama.cpp's format) through
-the ``gguf`` package and de-quantizes the weights. The model it returns keeps a GGUF quantizer attached, which refuses
+the ``gguf`` package and de-quantizes the weights; the tokenizer of a local file is converted once and then read from
+ft's cache (``ft.model.gguf_tokenizer``). The model it returns keeps a GGUF quantizer attached, which refuses
 ``save_pretrained``; ft moves the de-quantized weights into a plain model of the same config (``_plain``), so that
 checkpoints, ``final/`` and ``ft merge`` save it like any other. ``gguf_problems`` checks a recipe's file before any
 model or data loads.
@@ -20,6 +21,7 @@ model or data loads.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from ..errors import FtError
 from ..recipe import Problem, Recipe
@@ -27,6 +29,7 @@ from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.processes import uses_fsdp
 from ..recipe.schema import ModelSection, QuantizationSection
+from . import gguf_tokenizer
 
 GGUF_MISSING = ("reading a GGUF file needs the `gguf` package, which is not installed here; run "
                 "`pip install 'ft[gguf]'` (or `pip install gguf`).")
@@ -62,8 +65,11 @@ def load_tokenizer(section: ModelSection, say=None):
     """The tokenizer; one without a pad token pads with its end-of-sequence token (said through ``say``)."""
     from transformers import AutoTokenizer
 
+    def convert():
+        return AutoTokenizer.from_pretrained(section.name, **_common_kwargs(section))
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(section.name, **_common_kwargs(section))
+        tokenizer = gguf_tokenizer.load(section.name, section.gguf_file, convert) if section.gguf_file else convert()
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "tokenizer", exc)) from None
     except ImportError:  # the gguf package, which only a GGUF file needs; another (a model's own code) is raised on
@@ -316,8 +322,6 @@ def gguf_problems(section: ModelSection) -> list:
     """What stops ``model.gguf_file`` from loading, before any model or data loads: the ``gguf`` package missing, a
     local file missing or not a whole GGUF file, an architecture transformers cannot read from GGUF. A file in a hub
     repository is judged when it is downloaded."""
-    from pathlib import Path
-
     from ..recipe import Problem
 
     if not section.gguf_file:

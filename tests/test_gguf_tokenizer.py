@@ -1,0 +1,145 @@
+"""The tokenizer of a local GGUF file is converted once and read from ft's cache after (``ft.model.gguf_tokenizer``):
+the cached tokenizer is the file's own, the entry is keyed by what the tokenizer is built from, and a broken entry or
+an unwritable cache costs only the conversion. Checked on the real model's file (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_ft
+
+from ft.model import gguf_tokenizer
+from ft.model.loading import load_tokenizer
+from ft.recipe.schema import ModelSection
+
+TOOLS = [{"type": "function", "function": {"name": "convert", "description": "Convert a quantity between units.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "value": {"type": "number"}, "unit": {"type": "string"}},
+                                               "required": ["value", "unit"]}}}]
+CHAT = [{"role": "system", "content": "You answer in one line."},
+        {"role": "user", "content": "Wie viel sind 3 Meilen in km? ünïcödé, 数字 123"},
+        {"role": "assistant", "content": "Using the tool.",
+         "tool_calls": [{"type": "function",
+                         "function": {"name": "convert", "arguments": {"value": 3, "unit": "mi"}}}]},
+        {"role": "tool", "content": "4.828 km"},
+        {"role": "assistant", "content": "3 miles are 4.83 km."}]
+
+
+@pytest.fixture(scope="module")
+def converted(smollm2: Path):
+    """The file's tokenizer as transformers converts it (no ft cache involved)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted((cache / gguf_tokenizer.SUBFOLDER).iterdir())
+
+
+def _same_tokenizer(a, b) -> None:
+    """What training, the prepared-data fingerprint and a trained model's template read from a tokenizer."""
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    assert a.chat_template == b.chat_template
+    assert a.special_tokens_map == b.special_tokens_map
+    assert (a.eos_token_id, a.bos_token_id, a.pad_token_id) == (b.eos_token_id, b.bos_token_id, b.pad_token_id)
+    assert a.get_added_vocab() == b.get_added_vocab()
+    assert (a.padding_side, a.model_max_length) == (b.padding_side, b.model_max_length)
+    text = a.apply_chat_template(CHAT, tools=TOOLS, tokenize=False)
+    assert text.count("<|im_start|>") == len(CHAT)  # SmolLM2's own template (ChatML; it renders no tool list)
+    assert text == b.apply_chat_template(CHAT, tools=TOOLS, tokenize=False)
+    assert a(text).input_ids == b(text).input_ids
+
+
+def test_converted_once_then_read_from_the_cache(smollm2, converted, tmp_path, monkeypatch):
+    """The first load converts the file and writes one entry; the second reads that entry (its conversion would fail)
+    and is the tokenizer transformers converts from the file, down to the ids of a chat with tool calls."""
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path / "cache"))
+    section = ModelSection(name=str(smollm2.parent), gguf_file=smollm2.name)
+    first = load_tokenizer(section)
+    (entry,) = _entries(tmp_path / "cache")
+    assert (entry / "tokenizer.json").is_file() and (entry / "chat_template.jinja").is_file()
+    assert entry.name == gguf_tokenizer.entry_key(smollm2)
+
+    def no_conversion():
+        raise AssertionError("converted again although the cache holds the file's tokenizer")
+
+    cached = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, no_conversion)
+    assert cached.name_or_path == converted.name_or_path
+    _same_tokenizer(cached, converted)
+    _same_tokenizer(first, converted)  # load_tokenizer's pad choice included: SmolLM2 has a pad token of its own
+
+
+def test_the_key_follows_the_metadata_not_the_weights(smollm2, tmp_path):
+    """The entry's key digests the bytes the tokenizer is built from (the metadata section): a changed tensor byte
+    keeps it, a changed metadata value gives a new one."""
+    from transformers.integrations.gguf.reader import GgufHeader
+
+    key = gguf_tokenizer.entry_key(smollm2)
+    data_start = GgufHeader.from_file(str(smollm2)).data_start
+    blob = bytearray(smollm2.read_bytes())
+
+    weights = tmp_path / "weights" / smollm2.name
+    weights.parent.mkdir()
+    changed = bytearray(blob)
+    changed[data_start + 1000] ^= 0xFF
+    weights.write_bytes(changed)
+    assert gguf_tokenizer.entry_key(weights) == key
+
+    metadata = tmp_path / "metadata" / smollm2.name
+    metadata.parent.mkdir()
+    changed = bytearray(blob)
+    at = changed.index(b"<|im_end|>")
+    assert at < data_start
+    changed[at + 2] = ord("M")  # <|iM_end|>: the same length, another token
+    metadata.write_bytes(changed)
+    assert gguf_tokenizer.entry_key(metadata) != key
+
+
+def test_a_broken_entry_is_converted_again_and_replaced(smollm2, converted, tmp_path, monkeypatch):
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+
+    def convert():
+        calls.append(1)
+        return converted
+
+    gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    (entry,) = _entries(tmp_path / "cache")
+    whole = (entry / "tokenizer.json").read_bytes()
+    (entry / "tokenizer.json").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+
+    again = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    assert len(calls) == 2
+    _same_tokenizer(again, converted)
+    assert (entry / "tokenizer.json").read_bytes() == whole
+    assert _entries(tmp_path / "cache") == [entry]  # no staging folder left behind
+    gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    assert len(calls) == 2
+
+
+def test_an_unwritable_cache_costs_only_the_conversion(smollm2, converted, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache would be")
+    monkeypatch.setenv("FT_CACHE_DIR", str(blocker))
+    tokenizer = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, lambda: converted)
+    assert tokenizer is converted
+    assert blocker.read_text() == "a file where the cache would be"
+
+
+def test_preprocess_show_fills_the_cache_and_shows_the_same_rows(smollm2, tmp_path):
+    """``ft preprocess --show`` of the tool recipe, run twice against an empty cache: the first run writes the entry,
+    the second (reading it) prints the same marked rows."""
+    cache = tmp_path / "cache"
+    runs = [run_ft("preprocess", "recipes/smollm2-tools.yaml", "--show", "2", cwd=ROOT,
+                   env={"FT_CACHE_DIR": str(cache)}) for _ in range(2)]
+    for result in runs:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "[[" in runs[0].stdout and "<tool_call>" in runs[0].stdout
+    assert runs[0].stdout == runs[1].stdout
+    (entry,) = _entries(cache)
+    assert json.loads((entry / "tokenizer_config.json").read_text())  # a whole entry, not a staging folder
+    shutil.rmtree(cache)
