@@ -88,6 +88,17 @@ def prompt_row(draw, rng):
             "answer": answer(q)}
 
 
+def choice_row(draw, rng):
+    """A multiple-choice question (an lm-eval task scored by log-likelihood: tasks/arithmetic/choice.yaml): the right
+    sum among three near misses (the last digit off by one, the carry missed or added), in a shuffled order."""
+    q = draw()
+    right = int(answer(q))
+    misses = [m for m in (right + 1, right - 1, right + 10, right - 10, right + 2) if m >= 0][:3]
+    choices = [str(right), *map(str, misses)]
+    rng.shuffle(choices)
+    return {"question": question(q), "choices": choices, "label": choices.index(str(right))}
+
+
 def instruction_row(draw, rng):
     q = draw()
     return {"instruction": INSTRUCTION, "input": f"{q[0]} and {q[1]}", "output": answer(q)}
@@ -115,6 +126,8 @@ def questions_in(row):
         texts = user_turns(row["messages"])
     elif "prompt" in row:
         texts = user_turns(row["prompt"])
+    elif "question" in row:
+        texts = [row["question"]]
     elif "instruction" in row:
         return {row["input"].replace(" and ", " + ")}
     else:
@@ -139,7 +152,8 @@ def main() -> None:
         "preference-eval.jsonl": (preference_row, held_out, 200),
         "prompts.jsonl": (prompt_row, train_pool, 1000), "prompts-eval.jsonl": (prompt_row, held_out, 200),
         "instruction.jsonl": (instruction_row, train_pool, 200), "text.jsonl": (text_row, train_pool, 200),
-        "preference-digits.jsonl": (last_digit_row, train_pool, 3000),  # last: the files above stay as they were
+        "preference-digits.jsonl": (last_digit_row, train_pool, 3000),  # later: the files above stay as they were
+        "choice-eval.jsonl": (choice_row, held_out, 200),
     }
     written = {}
     for name, (make, pool, n) in files.items():
@@ -158,7 +172,10 @@ def main() -> None:
         for r in written[name]:
             (q,) = questions_in(r)
             assert r["chosen"][0]["content"] == str(eval(q)) != r["rejected"][0]["content"]
-    for name in ("preference-eval.jsonl", "prompts-eval.jsonl"):
+    for r in written["choice-eval.jsonl"]:
+        (q,) = questions_in(r)
+        assert r["choices"][r["label"]] == str(eval(q)) and len(set(r["choices"])) == 4
+    for name in ("preference-eval.jsonl", "prompts-eval.jsonl", "choice-eval.jsonl"):
         assert len(set().union(*map(questions_in, written[name]))) == EVAL_QUESTIONS
     for r in written["prompts.jsonl"] + written["prompts-eval.jsonl"]:
         (q,) = questions_in(r)

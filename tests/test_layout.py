@@ -119,6 +119,7 @@ FLOORS = (
     ("smoke", "importers"),  # ft train --smoke rehearses a run; ft import axolotl writes a recipe
     ("run",),  # the ordered run of ft train / ft preprocess, and its launch
     ("trainers", "inference", "export"),  # a run's trainer; using what a run left (merge, generate); writing it out
+    ("eval",),  # benchmarks through lm-eval: ft eval, and (from a run's trainer) the model being trained scored
     ("plan",),  # the memory model (read by the trainers' preflight) and ft plan's report
     ("model", "data"),  # the models a recipe names (loading, a run's model, adapters); its rows and tokens
     ("outputs",),  # the run directory: checkpoints, summary.json, plots, report

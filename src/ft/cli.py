@@ -284,6 +284,45 @@ def generate(
     _guarded(step, "generating", _temp_dir("ft-generate"))
 
 
+@app.command(name="eval")
+def eval_(
+    sources: Annotated[list[str], typer.Argument(metavar="MODEL_OR_RUN", show_default=False,
+                                                 help="Run directories (their final/), checkpoint, model or adapter "
+                                                      "folders, or hub ids; several are scored side by side.")],
+    tasks: Annotated[list[str], typer.Option("--tasks", show_default=False,
+                                             help="lm-eval task names or task YAML files, comma-separated (or "
+                                                  "repeated).")],
+    limit: Annotated[float | None, typer.Option(min=0.0, show_default=False,
+                                                help="Rows scored per task: a count, or a fraction below 1.")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(min=0, show_default=False,
+                                                    help="Examples in each prompt (default: the task's own).")] = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 8,
+    chat_template: Annotated[bool | None, typer.Option(
+        "--chat-template/--no-chat-template", show_default=False,
+        help="Render prompts with the model's chat template (default: where it has one).")] = None,
+    system: Annotated[str | None, typer.Option(show_default=False, help="A system message before every prompt (and "
+                                               "a task's description).")] = None,
+    dtype: DtypeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print each model's lm-eval results as JSON.")] = False,
+) -> None:
+    """Score models on lm-eval tasks (standard benchmarks, or local task files), side by side; a run's results are
+    written to <run>/eval/."""
+    from .eval.command import as_json as results_json
+    from .eval.command import evaluate, table
+    from .eval.score import Settings
+    from .run.notices import install as hide_notices_not_for_the_user
+
+    hide_notices_not_for_the_user()  # as ft train does; not with FT_DEBUG=1 (notices.py)
+    names = [name.strip() for given in tasks for name in given.split(",") if name.strip()]
+    settings = Settings(limit, num_fewshot, batch_size, chat_template, system)
+
+    def step() -> None:
+        scored = evaluate(sources, names, settings, dtype, say=_err)
+        print(results_json(scored) if as_json else table(scored), flush=True)
+
+    _guarded(step, "scoring", _temp_dir("ft-eval"))
+
+
 @app.command()
 def export(
     source: Annotated[Path, typer.Argument(metavar="RUN_OR_MODEL_DIR", show_default=False,

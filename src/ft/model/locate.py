@@ -389,9 +389,11 @@ def scoring_model(found: Found) -> bool:
                                                              for a in value or ())
 
 
-def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None]):
-    """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT)."""
-    found = locate(path, "MODEL_OR_RUN_DIR")
+def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None], doing: str = "generating",
+                        found: Found | None = None):
+    """(model, tokenizer) for a full model, a run's final/, or an adapter (base + adapter through PEFT); ``doing``
+    names the command's work in what it says (``found``: ``locate``'s answer for ``path``, where the caller has it)."""
+    found = found or locate(path, "MODEL_OR_RUN_DIR")
     if scoring_model(found):
         raise LocateError(f"MODEL_OR_RUN_DIR: {found.path} is a reward model (it scores a text with one number) "
                           "and writes no text; load it with AutoModelForSequenceClassification to score, or "
@@ -403,7 +405,7 @@ def load_for_generation(path: Path, dtype: str | None, say: Callable[[str], None
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    say(f"ft: generating with {found.path} on {device}")
+    say(f"ft: {doing} with {found.path} on {device}")
     return model.to(device).eval(), tokenizer
 
 
