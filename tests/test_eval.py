@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_ft, without_module
+import yaml
+from conftest import ROOT, run_ft, tiny_sft, without_module
 
 TASKS = ROOT / "tasks" / "arithmetic"
 SUMS, CHOICE = TASKS / "sums.yaml", TASKS / "choice.yaml"
@@ -138,3 +139,66 @@ def test_without_lm_eval_the_install_line_is_given(tmp_path):
     result = run_ft("eval", "org/some-model", "--tasks", str(SUMS), env={"PYTHONPATH": str(blocked)})
     assert result.returncode == 2
     assert "pip install 'ft[eval]'" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- a recipe's benchmarks, scored in the run ------------------------------------------------------------------------
+
+
+def test_the_runs_own_scores_are_what_ft_eval_gives_its_checkpoint_and_final(write_recipe, tmp_path):
+    """``benchmarks:`` scores the model before training, as checkpoint-15 is written and at the end, in process; ft
+    eval of checkpoint-15 and of final/ afterwards gives the same numbers. summary.json, ft report and the plots carry
+    them."""
+    out = tmp_path / "run"
+    recipe = tiny_sft(out, max_steps=30, save_strategy="steps", save_steps=15)
+    recipe["benchmarks"] = {"tasks": [str(SUMS), str(CHOICE)], "when": ["before", "each_save", "end"], "limit": 20}
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "benchmarks before training: arithmetic_sums exact_match" in result.stderr
+    benchmarks = json.loads((out / "summary.json").read_text())["benchmarks"]
+    assert set(benchmarks["steps"]) == {"15"}  # step 30 ends training: its score is the end's
+    assert benchmarks["before"] != benchmarks["end"]
+
+    def scores(model: Path) -> dict:
+        (item,) = _scored(run_ft("eval", str(model), "--tasks", f"{SUMS},{CHOICE}", "--limit", "20", "--json"))
+        return {task: {metric.split(",")[0]: value for metric, value in values.items()
+                       if "," in metric and "_stderr" not in metric}
+                for task, values in item["results"]["results"].items()}
+
+    assert scores(out / "checkpoint-15") == benchmarks["steps"]["15"]
+    assert scores(out) == benchmarks["end"]
+    assert len(list((out / "eval").glob("*.json"))) == 5  # before, step-15, end; then ft eval's two
+    assert (out / "plots" / "benchmark_arithmetic_choice_acc.png").is_file()
+    report = run_ft("report", str(out))
+    before, end = benchmarks["before"]["arithmetic_choice"]["acc"], benchmarks["end"]["arithmetic_choice"]["acc"]
+    (row,) = [line for line in report.stdout.splitlines() if line.startswith("arithmetic_choice acc ")]
+    assert row.split()[2:] == [f"{before:.4g}", "→", f"{end:.4g}"], row
+
+
+def test_a_recipes_benchmarks_are_checked_before_anything_loads(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "run", save_strategy="no")
+    recipe["benchmarks"] = {"tasks": [str(tmp_path / "missing.yaml"), "gsm8k"], "when": ["each_save"]}
+    result = run_ft("validate", str(write_recipe(recipe)))
+    assert result.returncode == 2
+    assert "benchmarks.tasks.0" in result.stderr and "missing.yaml: no such task file" in result.stderr
+    assert "benchmarks.when" in result.stderr and "`train.save_strategy` is `no`" in result.stderr
+
+    recipe["benchmarks"] = {"tasks": ["gsm8k"]}
+    result = run_ft("train", str(write_recipe(recipe)), env=OFFLINE)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "benchmarks.tasks: `gsm8k`: its data is the Hub dataset `openai/gsm8k`" in result.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run's folder was made
+
+
+def test_task_files_are_read_relative_to_the_recipe_that_names_them(tmp_path):
+    """A task file in a base recipe (``extends:``) is found next to the base, as its data files are."""
+    base_dir, task = tmp_path / "base", tmp_path / "base" / "tasks" / "mine.yaml"
+    task.parent.mkdir(parents=True)
+    task.write_text(SUMS.read_text().replace("../../data", str(ROOT / "data")))
+    base = tiny_sft(tmp_path / "run")
+    base["benchmarks"] = {"tasks": ["tasks/mine.yaml", "arc_easy"]}
+    (base_dir / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "child.yaml").write_text("extends: base/base.yaml\n")
+    result = run_ft("validate", str(tmp_path / "child.yaml"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["benchmarks"]["tasks"] == [str(task), "arc_easy"]

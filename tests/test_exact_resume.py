@@ -1,6 +1,7 @@
 """A run stopped by SIGTERM and resumed ends bit for bit where the uninterrupted run ends, also when training draws
-random numbers: LoRA dropout (also on streamed rows), NEFTune's noise, DPO and KTO on a LoRA adapter, GRPO's sampling
-with one or several steps per generation (two processes: tests/test_multiprocess.py).
+random numbers: LoRA dropout (also on streamed rows, and with lm-eval benchmarks scored at each checkpoint, which
+reseed every generator), NEFTune's noise, DPO and KTO on a LoRA adapter, GRPO's sampling with one or several steps
+per generation (two processes: tests/test_multiprocess.py).
 
 The signal is sent by a callback at the end of a chosen step, and the next step is held at its start for longer
 than ft waits before it stops one process. transformers' own JIT checkpoint would therefore take its stop after that
@@ -10,7 +11,7 @@ step's forward and backward and before its optimizer step, holding the random st
 from __future__ import annotations
 
 import pytest
-from conftest import ASSETS, DATA, assert_same_final_weights, run_ft, tiny_sft
+from conftest import ASSETS, DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
 
 from ft.outputs.checkpoints import complete_checkpoints
 from ft.run.signals import jit_kill_wait
@@ -88,10 +89,23 @@ def _sft_streaming(out):
     return recipe
 
 
+def _sft_benchmarks(out):
+    """Scored by lm-eval (which seeds Python's, NumPy's and torch's generators) as each checkpoint is written: every
+    other step, the stop's own checkpoint excepted; the LoRA dropout's masks show whether the generators were put
+    back."""
+    recipe = _sft_lora(out)
+    recipe["train"].update(save_strategy="steps", save_steps=2, save_total_limit=1)
+    tasks = ROOT / "tasks" / "arithmetic"
+    recipe["benchmarks"] = {"tasks": [str(tasks / "sums.yaml"), str(tasks / "choice.yaml")], "when": ["each_save"],
+                            "limit": 4}
+    return recipe
+
+
 CASES = {
     "sft-lora-dropout": (_sft_lora, 3),
     "sft-streaming-lora-dropout": (_sft_streaming, 3),
     "sft-neftune": (_sft_neftune, 3),
+    "sft-lora-dropout-benchmarks-each-save": (_sft_benchmarks, 3),
     "dpo-lora-dropout": (_preference("dpo"), 3),
     "kto-lora-dropout": (_preference("kto"), 3),
     "grpo-one-step-per-generation": (_grpo(1), 3),

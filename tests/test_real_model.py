@@ -20,6 +20,7 @@ HELD_OUT = 40  # held-out sums scored before and after (the shipped recipe score
 # of 200 after 80 (token accuracy 0.91 at step 30, 0.93 at 40); about 1.4 s a step
 STEPS = 40
 PROMPTS = 20  # greedy answers compared between the adapter run and its merged model
+BENCHMARKED = 20  # rows of each shipped lm-eval task the recipe's benchmarks score (it scores 100)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def trained(smollm2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "run"
     # no eval loss (16 s): the held-out sums come from the prompt rows of the same questions instead of data.eval
     held_out = f"{{n: {HELD_OUT}, source: {{path: {DATA / 'prompts-eval.jsonl'}, format: prompt}}}}"
-    return train_shortened(RECIPE, out, STEPS, held_out)
+    return train_shortened(RECIPE, out, STEPS, held_out, f"benchmarks.limit={BENCHMARKED}")
 
 
 def _summary(run: Path) -> dict:
@@ -42,6 +43,20 @@ def test_the_base_model_fails_the_sums_and_the_trained_one_answers_them(trained)
     assert after["exact_match"] >= 0.8, after
     assert summary["base_model"]["gguf_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (trained / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_the_shipped_benchmarks_are_scored_before_and_after(trained):
+    """The recipe's lm-eval tasks, scored in the run: the base answers no sum (it explains), the trained one answers
+    most; ft report shows both figures."""
+    benchmarks = _summary(trained)["benchmarks"]
+    before, end = benchmarks["before"], benchmarks["end"]
+    assert before["arithmetic_sums"]["exact_match"] <= 0.2, before
+    assert end["arithmetic_sums"]["exact_match"] >= 0.7, end
+    assert end["arithmetic_choice"]["acc"] > before["arithmetic_choice"]["acc"], benchmarks
+    report = run_ft("report", str(trained))
+    assert report.returncode == 0, report.stderr[-2000:]
+    (row,) = [line for line in report.stdout.splitlines() if line.startswith("arithmetic_sums exact_match")]
+    assert "→" in row, row
 
 
 def test_the_trained_model_learns_to_stop(trained):

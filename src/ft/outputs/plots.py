@@ -1,5 +1,6 @@
-"""The PNGs under a run's ``plots/``: one per logged series (loss, learning rate, gradient norm, reward, tokens/s) and
-one per evaluation metric, against the optimizer step, drawn with ``outputs.charts``."""
+"""The PNGs under a run's ``plots/``: one per logged series (loss, learning rate, gradient norm, reward, tokens/s), one
+per evaluation metric and one per benchmark metric (``benchmark/<task>/<metric>``: a recipe's ``benchmarks`` scored
+before training, at each checkpoint and at the end), against the optimizer step, drawn with ``outputs.charts``."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ LEGEND = {"loss": "train", "eval_loss": "eval"}
 # of the tokens trained on so far; every other eval_* key (mean_token_accuracy, rewards/margins, …) gets one
 NOT_EVAL_METRICS = frozenset({"eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second",
                               "eval_num_tokens"})
+BENCHMARK = "benchmark/"  # the log keys of a recipe's benchmarks (ft.eval.in_run)
 
 
 def log_points(log_history: list[dict], key: str) -> list[tuple[int, float]]:
@@ -38,7 +40,7 @@ def plot_series(log_history: list[dict]) -> dict[str, dict[str, list[tuple[int, 
         if lines:
             figures[name] = lines
     metrics = dict.fromkeys(key for entry in log_history for key in entry
-                            if key.startswith("eval_") and key not in NOT_EVAL_METRICS)
+                            if key.startswith(BENCHMARK) or key.startswith("eval_") and key not in NOT_EVAL_METRICS)
     for key in metrics:
         points = log_points(log_history, key)
         if points:
@@ -58,11 +60,18 @@ def write_plots(output_dir: Path, log_history: list[dict]) -> list[str]:
     folder.mkdir(exist_ok=True)
     written = []
     for name, lines in figures.items():
-        keys, label = PLOTS.get(name, ((name,), f"{name[len('eval_'):]} (eval)"))
+        keys, label = PLOTS.get(name, ((name,), _label(next(iter(lines)))))
         line_chart(folder / f"{name}.png", [(LEGEND.get(key, key), points) for key, points in lines.items()], label,
                    legend=len(keys) > 1)
         written.append(f"plots/{name}.png")
     return written
+
+
+def _label(key: str) -> str:
+    """The y-axis label of a metric's own figure: ``mean_token_accuracy (eval)``, ``arithmetic_sums exact_match``."""
+    if key.startswith(BENCHMARK):
+        return key.removeprefix(BENCHMARK).replace("/", " ")
+    return f"{key[len('eval_'):]} (eval)"
 
 
 def _finite(value) -> bool:

@@ -232,6 +232,11 @@ def _rows(runs: list[Run]):
         yield f"headline {name}", [_headline_figure(found, name) for found in headlines], False
     yield "exact match before", [_exact_match(summary.get("exact_match_before")) for summary in summaries], False
     yield "exact match", [_exact_match(summary.get("exact_match")) for summary in summaries], False
+    benchmarks = [summary.get("benchmarks") or {} for summary in summaries]
+    scored = dict.fromkeys((task, metric) for found in benchmarks for moment in ("before", "end")
+                           for task, values in (found.get(moment) or {}).items() for metric in values)
+    for task, metric in scored:
+        yield f"{task} {metric}", [_benchmark(found, task, metric) for found in benchmarks], False
 
 
 def _status(run: Run) -> str:
@@ -257,6 +262,16 @@ def _exact_match(result) -> str | None:
     if not isinstance(result, dict) or result.get("exact_match") is None:
         return None
     return f"{_cell(result['exact_match'])} (n={result.get('n', '?')})"
+
+
+def _benchmark(found: dict, task: str, metric: str) -> str | None:
+    """A benchmark's score before training → at the end (either alone where the run scored one)."""
+    before, end = ((found.get(moment) or {}).get(task, {}).get(metric) for moment in ("before", "end"))
+    if before is None and end is None:
+        return None
+    if before is None or end is None:
+        return _cell(end if before is None else before) + (" (before)" if end is None else "")
+    return f"{_cell(before)} → {_cell(end)}"
 
 
 def _duration(seconds) -> str | None:

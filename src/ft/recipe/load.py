@@ -154,8 +154,10 @@ def _anchor(node: dict, models: list[type[BaseModel]], folder: Path) -> None:
             field = _keys(model).get(key)
             if field is None:
                 continue
-            if isinstance(value, str) and key in _input_path_keys(model):
+            if key in _input_path_keys(model) and isinstance(value, str):
                 node[key] = value = _anchored(value, folder)
+            elif key in _input_path_keys(model) and isinstance(value, list):  # a list of paths (benchmarks.tasks)
+                node[key] = value = [_anchored(item, folder) if isinstance(item, str) else item for item in value]
             inner = _models_in(field.annotation)
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, dict) and inner:

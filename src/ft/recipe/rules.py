@@ -143,6 +143,49 @@ def exact_match_needs_a_model_that_writes(recipe: Recipe) -> list[Problem]:
     return []
 
 
+@rule
+def benchmarks_need_a_model_that_writes(recipe: Recipe) -> list[Problem]:
+    """lm-eval's tasks ask a language model for the likelihood of text or for text it writes; a reward model (one
+    number per sequence) gives neither."""
+    if recipe.benchmarks is not None and METHODS[recipe.method].scores:
+        return error("benchmarks", f"{recipe.method} trains a model that scores texts and writes none, and lm-eval's "
+                     "tasks ask a language model; drop `benchmarks` (the run reports held-out pair accuracy), and "
+                     "score the policy it judges with `ft eval`.")
+    return []
+
+
+@rule
+def benchmark_files_exist(recipe: Recipe) -> list[Problem]:
+    """A task file the section names is read before the model loads; one that is not there is named now."""
+    if recipe.benchmarks is None:
+        return []
+    return [problem for i, task in enumerate(recipe.benchmarks.tasks) if task.endswith((".yaml", ".yml"))
+            and not Path(task).expanduser().is_file()
+            for problem in error(f"benchmarks.tasks.{i}", f"{task}: no such task file (a path is relative to the "
+                                 "recipe); name a task YAML that exists, or an lm-eval task by name.")]
+
+
+@rule
+def benchmarks_each_save_needs_saves(recipe: Recipe) -> list[Problem]:
+    """``each_save`` scores the model as each checkpoint is written; a run that saves none scores nothing then."""
+    if recipe.benchmarks is not None and "each_save" in recipe.benchmarks.when \
+            and recipe.effective("save_strategy") == "no":
+        return error("benchmarks.when", "`each_save` scores the model at each checkpoint, and `train.save_strategy` "
+                     "is `no`; save checkpoints (`steps` with `train.save_steps`, or `epoch`), or drop `each_save`.")
+    return []
+
+
+@rule
+def benchmarks_need_a_whole_model(recipe: Recipe) -> list[Problem]:
+    """The tasks run on the main process alone, and a model sharded over the processes (FSDP, DeepSpeed) is whole on
+    none of them."""
+    if recipe.benchmarks is not None and recipe.distributed.kind != "ddp":
+        return error("benchmarks", f"the tasks run on the main process alone, and `distributed.kind: "
+                     f"{recipe.distributed.kind}` shards the model over the processes; drop `benchmarks` and score "
+                     "the checkpoints and final/ with `ft eval`, or train with DDP.")
+    return []
+
+
 # --- checkpoints ------------------------------------------------------------------------------------
 
 
@@ -459,6 +502,16 @@ def method_trains_the_modality(recipe: Recipe, modality: str) -> list[Problem]:
                  f"`{recipe.method}` trains {' or '.join(method.modalities)} models"
                  + (f" ({why})" if why else "") + "; name a text model"
                  + (f", or use method `{'` or `'.join(trains)}`." if trains else "."))
+
+
+@modality_rule
+def benchmarks_score_text_models(recipe: Recipe, modality: str) -> list[Problem]:
+    """lm-eval's ``hf`` model, the one ft scores through, reads text alone."""
+    if recipe.benchmarks is not None and modality == "vision":
+        return error("benchmarks", "the model reads images, and the tasks are scored through lm-eval's text model "
+                     "(`hf`), which cannot run it; drop `benchmarks` and score the run with lm-eval's "
+                     "`hf-multimodal` model.")
+    return []
 
 
 @modality_rule

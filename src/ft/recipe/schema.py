@@ -16,6 +16,7 @@ from pydantic import Field, StrictBool, StrictStr, create_model, field_validator
 
 from .adapter import AdapterSection
 from .base import Section, resolve_input_path
+from .benchmarks import BenchmarksSection
 from .data_section import DataSection
 from .distributed import DistributedSection, LaunchSection
 from .hooks import HooksMixin
@@ -82,6 +83,8 @@ class Recipe(HooksMixin):
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
     launch: LaunchSection | None = Field(None, description="The processes `ft train` starts (docs/distributed.md).")
     distributed: DistributedSection = Field(default_factory=DistributedSection, description="ddp, fsdp or deepspeed.")
+    benchmarks: Optional[BenchmarksSection] = Field(None, description="lm-eval tasks the run scores the model on, "
+                                                    "before, at the end and at checkpoints (docs/eval.md).")
 
     @property
     def method_section(self):

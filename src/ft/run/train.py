@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import data
+from ..eval import in_run
 from ..inference import exact_match
 from ..machine import hardware
 from ..model import adapters, bnb_import, loading, locate
@@ -65,6 +66,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     run = _Run(loaded, say, command or f"ft train {loaded.source}")
     with _output_dir_held(run):
         _check_machine(run)
+        run.benchmarks = in_run.prepare(run.recipe.benchmarks, run.main)  # tasks checked before anything loads
         hooks = _resolve_hooks(run)
         _resolve_resume(run, resume, overwrite)
         _prepare(run, hooks, callbacks)
@@ -99,6 +101,8 @@ class _Run:
         self.prepared: data.PreparedData | None = None
         self.held_out = None  # the rows exact match scores after training (main process), or None
         self.answers_before = None  # the baseline's answers to them, for exact_match.jsonl
+        self.benchmarks: in_run.InRun | None = None  # the recipe's benchmarks, checked (main process), or None
+        self.benchmarks_before: dict | None = None  # their scores of the model as loaded
         self.stop_wait = 0  # seconds one process waits after a stop signal before it saves (signals.jit_kill_wait)
         self.started = 0.0  # when training started (perf_counter)
         self.seconds = 0.0  # training's seconds, once it ends
@@ -214,6 +218,15 @@ def _score_before_training(run: _Run) -> None:
     run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
         run.facts["exact_match_before"] = baseline
+    if run.benchmarks is not None and "before" in run.benchmarks.when and not run.resume_from:
+        out = run.output_dir / "eval" / "before.json"
+        run.benchmarks_before = run.benchmarks.score(*_scored_model(run.trainer), out)
+        run.say(in_run.line(run.benchmarks_before, "before training"))
+
+
+def _scored_model(trainer) -> tuple:
+    """The model a benchmark scores (unwrapped from DDP) and its text tokenizer."""
+    return trainer.accelerator.unwrap_model(trainer.model), loading.text_tokenizer(trainer.processing_class)
 
 
 @contextmanager
@@ -257,6 +270,9 @@ def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
             from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
 
             trainer.add_callback(StopAtStepEnd(watch, trainer.ft_stop_point, wait, together))
+        if run.benchmarks is not None and "each_save" in run.benchmarks.when:  # after StopAtStepEnd: it sees a stop
+            trainer.add_callback(in_run.score_at_save(run.benchmarks, lambda: _scored_model(trainer),
+                                                      run.output_dir / "eval", run.say))
         if run.resume_from:
             trainer.add_callback(_nothing_left_to_train())
         try:
@@ -364,11 +380,30 @@ def _finish(run: _Run) -> RunResult:
         summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out, run.say)
         if summary["exact_match"] is not None:
             exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], run.answers_before)
+    if run.benchmarks is not None:
+        summary["benchmarks"] = _benchmarks(run)
     run.report(summary)
     run.say(f"ft: done in {run.seconds:.1f}s; model in {output_dir / 'final'}")
     if run.main and trainer.args.push_to_hub:
         _push(trainer, output_dir, summary, run.say)
     return RunResult("completed", output_dir, summary)
+
+
+def _benchmarks(run: _Run) -> dict:
+    """summary.json ``benchmarks``: the scores ``before`` training and at the ``end`` (``{task: {metric: value}}``;
+    None where not asked, or before on a resume) and at each checkpoint (``steps``, from the log history)."""
+    end = None
+    if "end" in run.benchmarks.when:
+        end = run.benchmarks.score(*_scored_model(run.trainer), run.output_dir / "eval" / "end.json")
+        run.say(in_run.line(end, "after training"))
+    history = run.trainer.state.log_history
+    steps = {str(step): scores for step, scores in in_run.by_step(history).items()}
+    # the plots draw each metric from before training to the end, across the checkpoints' scores
+    if run.benchmarks_before is not None:
+        history.insert(0, {**in_run.flat(run.benchmarks_before), "step": 0})
+    if end is not None:
+        history.append({**in_run.flat(end), "step": run.trainer.state.global_step})
+    return {"before": run.benchmarks_before, "end": end, "steps": steps}
 
 
 def _save_final(trainer, output_dir: Path, main: bool) -> None:

@@ -522,6 +522,9 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, processing, seeing: boo
     if scored is not None:
         edits.set("data.eval_exact_match.n", min(scored.n, ROWS["eval"]), "the exact match scores a few prompts",
                   say=False)
+    benchmarks = recipe.benchmarks
+    if benchmarks is not None and (benchmarks.limit is None or benchmarks.limit > ROWS["eval"]):  # a fraction: kept
+        edits.set("benchmarks.limit", ROWS["eval"], "the benchmarks score a few rows of each task", say=False)
         if scored.source is not None:
             keyed.append(("data.eval_exact_match.source", "eval", scored.source))
     for key, split, source in keyed:
