@@ -522,11 +522,9 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, processing, seeing: boo
     if scored is not None:
         edits.set("data.eval_exact_match.n", min(scored.n, ROWS["eval"]), "the exact match scores a few prompts",
                   say=False)
-    benchmarks = recipe.benchmarks
-    if benchmarks is not None and (benchmarks.limit is None or benchmarks.limit > ROWS["eval"]):  # a fraction: kept
-        edits.set("benchmarks.limit", ROWS["eval"], "the benchmarks score a few rows of each task", say=False)
         if scored.source is not None:
             keyed.append(("data.eval_exact_match.source", "eval", scored.source))
+    _benchmarks(edits, recipe)
     for key, split, source in keyed:
         rows, stem = ROWS[split], data_dir / key.removeprefix("data.")
         copy, why = first_rows.head(source, rows, stem, images=seeing)
@@ -543,6 +541,23 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, processing, seeing: boo
                 what = f"{rows} generated `{source.format}` rows in the source's layout"
             edits.set(f"{key}.path", str(path), f"{what}: the data cannot be read here ({why})")
     return copies
+
+
+def _benchmarks(edits: _Edits, recipe: Recipe) -> None:
+    """The benchmarks on a few rows of each task file; tasks named from lm-eval's registry are left out (their data is
+    on the Hub: a download, or a refusal offline), and with them all, the section."""
+    benchmarks = recipe.benchmarks
+    if benchmarks is None:
+        return
+    files = [task for task in benchmarks.tasks if task.endswith((".yaml", ".yml"))]
+    why = "lm-eval's own tasks read their data from the Hub; the smoke run scores only task files"
+    if not files:
+        edits.set("benchmarks", _UNSET, f"{why}, and the recipe names none")
+        return
+    if files != list(benchmarks.tasks):
+        edits.set("benchmarks.tasks", files, why)
+    if benchmarks.limit is None or benchmarks.limit > ROWS["eval"]:  # a fraction below 1 is kept
+        edits.set("benchmarks.limit", ROWS["eval"], "the benchmarks score a few rows of each task", say=False)
 
 
 def _shown(value) -> str:
