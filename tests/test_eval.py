@@ -182,10 +182,12 @@ def test_a_recipes_benchmarks_are_checked_before_anything_loads(write_recipe, tm
     assert "benchmarks.tasks.0" in result.stderr and "missing.yaml: no such task file" in result.stderr
     assert "benchmarks.when" in result.stderr and "`train.save_strategy` is `no`" in result.stderr
 
-    recipe["benchmarks"] = {"tasks": ["gsm8k"]}
+    hub = tmp_path / "hub.yaml"  # a task file on Hub data: checked as a registry name is, without indexing them all
+    hub.write_text("task: from_hub\ndataset_path: someone/dataset\noutput_type: generate_until\n")
+    recipe["benchmarks"] = {"tasks": [str(hub)]}
     result = run_ft("train", str(write_recipe(recipe)), env=OFFLINE)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "benchmarks.tasks: `gsm8k`: its data is the Hub dataset `openai/gsm8k`" in result.stderr
+    assert f"benchmarks.tasks: {hub}: its data is the Hub dataset `someone/dataset`" in result.stderr
     assert not (tmp_path / "run").exists()  # refused before the run's folder was made
 
 
