@@ -11,8 +11,8 @@ weights for, so both go through one code path (the quickstart uses it to run wit
 Adapters are in ``ft.model.adapters``: a new LoRA config is handed to TRL, which wraps the model itself.
 
 ``model.gguf_file``: transformers reads the config, tokenizer and weights of a GGUF file (llama.cpp's format) through
-the ``gguf`` package and de-quantizes the weights; the tokenizer of a local file is converted once and then read from
-ft's cache (``ft.model.gguf_tokenizer``). The model it returns keeps a GGUF quantizer attached, which refuses
+the ``gguf`` package and de-quantizes the weights; the tokenizer and config of a local file are converted once and
+then read from ft's cache (``ft.model.gguf_cache``). The model it returns keeps a GGUF quantizer attached, which refuses
 ``save_pretrained``; ft moves the de-quantized weights into a plain model of the same config (``_plain``), so that
 checkpoints, ``final/`` and ``ft merge`` save it like any other. ``gguf_problems`` checks a recipe's file before any
 model or data loads.
@@ -29,7 +29,7 @@ from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.processes import uses_fsdp
 from ..recipe.schema import ModelSection, QuantizationSection
-from . import gguf_tokenizer
+from . import gguf_cache
 
 GGUF_MISSING = ("reading a GGUF file needs the `gguf` package, which is not installed here; run "
                 "`pip install 'ft[gguf]'` (or `pip install gguf`).")
@@ -55,10 +55,14 @@ def _common_kwargs(section: ModelSection) -> dict:
 
 
 def load_config(section: ModelSection):
-    """The model's config (``config.json``, or a GGUF file's metadata), without its weights."""
+    """The model's config (``config.json``, or a GGUF file's metadata: converted once, then read from ft's cache),
+    without its weights."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
+    def convert():
+        return AutoConfig.from_pretrained(section.name, **_common_kwargs(section))
+
+    return gguf_cache.config(section.name, section.gguf_file, convert) if section.gguf_file else convert()
 
 
 def load_tokenizer(section: ModelSection, say=None):
@@ -69,7 +73,7 @@ def load_tokenizer(section: ModelSection, say=None):
         return AutoTokenizer.from_pretrained(section.name, **_common_kwargs(section))
 
     try:
-        tokenizer = gguf_tokenizer.load(section.name, section.gguf_file, convert) if section.gguf_file else convert()
+        tokenizer = gguf_cache.tokenizer(section.name, section.gguf_file, convert) if section.gguf_file else convert()
     except (OSError, ValueError) as exc:
         raise ModelLoadError(_explain(section, "tokenizer", exc)) from None
     except ImportError:  # the gguf package, which only a GGUF file needs; another (a model's own code) is raised on
@@ -247,8 +251,11 @@ def load_model(recipe: Recipe, seed: int):
 
             quantization = kwargs.pop("quantization_config", None)  # of the de-quantized weights, as for random init
             dense = GgufConfig(dequantize=True)  # never left in GGUF blocks (kept with a matmul kernel installed)
+            config = copy.deepcopy(load_config(section))  # handed over: from_pretrained would convert it again
+            for key in _head_kwargs(recipe):
+                setattr(config, key, kwargs.pop(key))
             _seed_new_head(recipe, seed)
-            model = _plain(auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs,
+            model = _plain(auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs, config=config,
                                                 quantization_config=dense), section, auto)
             return model if quantization is None else _quantized_copy(model, section, kwargs, quantization, auto)
         if section.init == "pretrained":

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..model import gguf_tokenizer
+from ..model import gguf_cache
 from ..model.loading import ModelLoadError, modality_of, modality_problem, names_a_path, text_tokenizer
 from ..recipe import Problem
 from ..recipe.adapter import AdapterSection
@@ -173,14 +173,20 @@ def stand_in(name: str, revision: str | None, trust_remote_code: bool, seed: int
     named = named or name
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code,
               **({"gguf_file": gguf_file} if gguf_file else {})}
-    config, config_error = _attempt(lambda: AutoConfig.from_pretrained(name, **kwargs))
+    def config_of():  # a local GGUF file's, as its tokenizer, converted once, then read from ft's cache
+        def convert():
+            return AutoConfig.from_pretrained(name, **kwargs)
+
+        return gguf_cache.config(name, gguf_file, convert) if gguf_file else convert()
+
+    config, config_error = _attempt(config_of)
     if stand_in_modality(name, config, modality, notes) == "vision":
         return _vision_stand_in(name, kwargs, config, config_error, seed, notes, named, tokens)
     def tokenizer_of():  # a local GGUF file's is converted once, then read from ft's cache
         def convert():
             return AutoTokenizer.from_pretrained(name, **kwargs)
 
-        return gguf_tokenizer.load(name, gguf_file, convert) if gguf_file else convert()
+        return gguf_cache.tokenizer(name, gguf_file, convert) if gguf_file else convert()
 
     tokenizer, tokenizer_error = _attempt(tokenizer_of)
     family = FAMILY_OF_TYPE.get(config.model_type) if config is not None else family_from_name(name)

@@ -1,6 +1,7 @@
-"""The tokenizer of a local GGUF file is converted once and read from ft's cache after (``ft.model.gguf_tokenizer``):
-the cached tokenizer is the file's own, the entry is keyed by what the tokenizer is built from, and a broken entry or
-an unwritable cache costs only the conversion. Checked on the real model's file (SmolLM2-135M-Instruct)."""
+"""The tokenizer and config of a local GGUF file are converted once and read from ft's cache after
+(``ft.model.gguf_cache``): each cached one is the file's own, the entry is keyed by what they are built from, and a
+broken entry or an unwritable cache costs only the conversion. Checked on the real model's file
+(SmolLM2-135M-Instruct)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_ft
 
-from ft.model import gguf_tokenizer
+from ft.model import gguf_cache
 from ft.model.loading import load_tokenizer
 from ft.recipe.schema import ModelSection
 
@@ -36,8 +37,9 @@ def converted(smollm2: Path):
     return AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
 
 
-def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / gguf_tokenizer.SUBFOLDER).iterdir())
+def _entries(cache: Path, part: str = "tokenizer") -> list[Path]:
+    """The cache's entries of ``part`` (tokenizer, config), one per file converted."""
+    return sorted(path for path in (cache / gguf_cache.SUBFOLDER).glob(f"*/{part}") if path.is_dir())
 
 
 def _same_tokenizer(a, b) -> None:
@@ -62,12 +64,12 @@ def test_converted_once_then_read_from_the_cache(smollm2, converted, tmp_path, m
     first = load_tokenizer(section)
     (entry,) = _entries(tmp_path / "cache")
     assert (entry / "tokenizer.json").is_file() and (entry / "chat_template.jinja").is_file()
-    assert entry.name == gguf_tokenizer.entry_key(smollm2)
+    assert entry.parent.name == gguf_cache.entry_key(smollm2)
 
     def no_conversion():
         raise AssertionError("converted again although the cache holds the file's tokenizer")
 
-    cached = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, no_conversion)
+    cached = gguf_cache.tokenizer(str(smollm2.parent), smollm2.name, no_conversion)
     assert cached.name_or_path == converted.name_or_path
     _same_tokenizer(cached, converted)
     _same_tokenizer(first, converted)  # load_tokenizer's pad choice included: SmolLM2 has a pad token of its own
@@ -78,7 +80,7 @@ def test_the_key_follows_the_metadata_not_the_weights(smollm2, tmp_path):
     keeps it, a changed metadata value gives a new one."""
     from transformers.integrations.gguf.reader import GgufHeader
 
-    key = gguf_tokenizer.entry_key(smollm2)
+    key = gguf_cache.entry_key(smollm2)
     data_start = GgufHeader.from_file(str(smollm2)).data_start
     blob = bytearray(smollm2.read_bytes())
 
@@ -87,7 +89,7 @@ def test_the_key_follows_the_metadata_not_the_weights(smollm2, tmp_path):
     changed = bytearray(blob)
     changed[data_start + 1000] ^= 0xFF
     weights.write_bytes(changed)
-    assert gguf_tokenizer.entry_key(weights) == key
+    assert gguf_cache.entry_key(weights) == key
 
     metadata = tmp_path / "metadata" / smollm2.name
     metadata.parent.mkdir()
@@ -96,7 +98,7 @@ def test_the_key_follows_the_metadata_not_the_weights(smollm2, tmp_path):
     assert at < data_start
     changed[at + 2] = ord("M")  # <|iM_end|>: the same length, another token
     metadata.write_bytes(changed)
-    assert gguf_tokenizer.entry_key(metadata) != key
+    assert gguf_cache.entry_key(metadata) != key
 
 
 def test_a_broken_entry_is_converted_again_and_replaced(smollm2, converted, tmp_path, monkeypatch):
@@ -107,17 +109,18 @@ def test_a_broken_entry_is_converted_again_and_replaced(smollm2, converted, tmp_
         calls.append(1)
         return converted
 
-    gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    gguf_cache.tokenizer(str(smollm2.parent), smollm2.name, convert)
     (entry,) = _entries(tmp_path / "cache")
     whole = (entry / "tokenizer.json").read_bytes()
     (entry / "tokenizer.json").write_bytes(whole[: len(whole) // 2])  # a copy cut short
 
-    again = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    again = gguf_cache.tokenizer(str(smollm2.parent), smollm2.name, convert)
     assert len(calls) == 2
     _same_tokenizer(again, converted)
     assert (entry / "tokenizer.json").read_bytes() == whole
-    assert _entries(tmp_path / "cache") == [entry]  # no staging folder left behind
-    gguf_tokenizer.load(str(smollm2.parent), smollm2.name, convert)
+    assert _entries(tmp_path / "cache") == [entry]
+    assert [path.name for path in entry.parent.iterdir()] == ["tokenizer"]  # no staging folder left behind
+    gguf_cache.tokenizer(str(smollm2.parent), smollm2.name, convert)
     assert len(calls) == 2
 
 
@@ -125,7 +128,7 @@ def test_an_unwritable_cache_costs_only_the_conversion(smollm2, converted, tmp_p
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache would be")
     monkeypatch.setenv("FT_CACHE_DIR", str(blocker))
-    tokenizer = gguf_tokenizer.load(str(smollm2.parent), smollm2.name, lambda: converted)
+    tokenizer = gguf_cache.tokenizer(str(smollm2.parent), smollm2.name, lambda: converted)
     assert tokenizer is converted
     assert blocker.read_text() == "a file where the cache would be"
 
@@ -143,3 +146,32 @@ def test_preprocess_show_fills_the_cache_and_shows_the_same_rows(smollm2, tmp_pa
     (entry,) = _entries(cache)
     assert json.loads((entry / "tokenizer_config.json").read_text())  # a whole entry, not a staging folder
     shutil.rmtree(cache)
+
+
+def test_the_config_is_converted_once_and_the_model_loads_with_it(smollm2, tmp_path, monkeypatch):
+    """The cached config is the file's own, value for value; ft's model load hands it to from_pretrained (which then
+    reads the file once, for the weights) and gets the weights transformers loads from the file alone."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ft.model.loading import load_config, load_model
+    from ft.recipe import load_recipe
+
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path / "cache"))
+    section = ModelSection(name=str(smollm2.parent), gguf_file=smollm2.name)
+    converted = AutoConfig.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+    first = load_config(section)
+    (entry,) = _entries(tmp_path / "cache", "config")
+    assert (entry / "config.json").is_file()
+
+    def no_conversion():
+        raise AssertionError("converted again although the cache holds the file's config")
+
+    cached = gguf_cache.config(str(smollm2.parent), smollm2.name, no_conversion)
+    assert cached.to_dict() == converted.to_dict() == first.to_dict()
+
+    recipe = load_recipe(ROOT / "recipes" / "smollm2-sft.yaml", []).recipe
+    ours = load_model(recipe, seed=0)
+    theirs = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
+    assert ours.config.to_dict()["vocab_size"] == theirs.config.vocab_size
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
