@@ -228,7 +228,8 @@ def test_dataset_keys_ft_lacks_are_named(tmp_path):
 
 def test_reasoning_and_tools_fields_and_template_kwargs_carry_and_ft_reads_the_rows_through_them(tmp_path):
     """`field_thinking` and `field_tools` name the keys ft's chat format reads the reasoning and the tool definitions
-    from; `chat_template_kwargs` become `data.chat_template_kwargs`: the imported source, read by ft itself, gives
+    from; `chat_template_kwargs` become `data.chat_template_kwargs`, each variable on its own (one ft hands the template
+itself is named as not carried, and the others still come): the imported source, read by ft itself, gives
     canonical rows holding the reasoning and the tools (without the mapping ft would refuse the `thinking` key, and
     leave the `functions` column out)."""
     from ft.data.formats import normalize
@@ -243,15 +244,17 @@ def test_reasoning_and_tools_fields_and_template_kwargs_carry_and_ft_reads_the_r
                 {"role": "assistant", "content": "21 degrees.", "thinking": "The tool said 21."}]
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"messages": messages, "functions": [weather]}) + "\n")
-    recipe, result = imported(tmp_path, {**BASE, "chat_template_kwargs": {"enable_thinking": False}, "datasets": [{
+    kwargs = {"enable_thinking": False, "add_generation_prompt": True}  # the second: ft passes it itself
+    recipe, result = imported(tmp_path, {**BASE, "chat_template_kwargs": kwargs, "datasets": [{
         "path": "json", "data_files": str(rows), "type": "chat_template", "field_thinking": "thinking",
         "field_tools": "functions", "template_thinking_key": "reasoning_content", "split_thinking": False}]})
     source = recipe.data.train[0]
     assert source.fields == {"reasoning_content": "thinking", "tools": "functions"}
     assert recipe.data.chat_template_kwargs == {"enable_thinking": False}
     for key in ("datasets.0.field_thinking", "datasets.0.field_tools", "datasets.0.template_thinking_key",
-                "chat_template_kwargs"):
+                "chat_template_kwargs.enable_thinking"):
         assert status(result, key) == CARRIED, key
+    assert status(result, "chat_template_kwargs.add_generation_prompt") == NOT_CARRIED
     assert status(result, "datasets.0.split_thinking") == IGNORED
     report = BadRows()
     raw = read_source(source, seed=0, on_bad_row="error", report=report, key="data.train.0")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..recipe.data_section import template_variable_problem
 from ..recipe.methods import DEFAULT_METHOD, METHODS, readers
 from .axolotl_keys import ENTRY_EXPECTED, Ctx, handles, misfit, number
 from .axolotl_types import Reading, nearest, reading
@@ -336,9 +337,20 @@ def preparation(ctx: Ctx) -> None:
 
 @handles("chat_template_kwargs")
 def chat_template_kwargs(ctx: Ctx) -> None:
-    ctx.put("chat_template_kwargs", "data.chat_template_kwargs", dict(ctx.get("chat_template_kwargs")),
-            "written into the chat template as the defaults of its variables, so the template the run ships (and "
-            "`ft generate`) renders with them too, not only training as in Axolotl")
+    """Each variable carried on its own: one ft cannot take (a name the template is handed by ft itself) is named as
+    not carried, and the others still come."""
+    kwargs = ctx.get("chat_template_kwargs")
+    if not isinstance(kwargs, dict):
+        ctx.skip("chat_template_kwargs", "expected a mapping of template variable names to values")
+        return
+    for name, value in kwargs.items():
+        problem = template_variable_problem(str(name))
+        if problem:
+            ctx.skip(f"chat_template_kwargs.{name}", f"`{name}` {problem}")
+        else:
+            ctx.put(f"chat_template_kwargs.{name}", f"data.chat_template_kwargs.{name}", value,
+                    "written into the chat template as the default of its variable, so the template the run ships "
+                    "(and `ft generate`) renders with it too, not only training as in Axolotl")
 
 
 @handles("chat_template", "chat_template_jinja")

@@ -167,12 +167,9 @@ class DataSection(Section):
     @classmethod
     def _template_variables(cls, value: dict):
         for name in value:
-            if not _IDENTIFIER.fullmatch(name):
-                raise ValueError(f"{name!r} is not a template variable name (letters, digits and _, not starting "
-                                 "with a digit)")
-            if name in RENDER_ARGUMENTS:
-                raise ValueError(f"{name!r} is what ft (or transformers) passes to the template itself; set it "
-                                 "with its own key (data.tools for tools), or drop it")
+            problem = template_variable_problem(name)
+            if problem:
+                raise ValueError(f"{name!r} {problem}")
         return value
 
     @property
@@ -205,6 +202,16 @@ RENDER_ARGUMENTS = frozenset({
     "messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize",
     "return_dict", "return_tensors", "return_assistant_tokens_mask", "bos_token", "eos_token", "unk_token",
     "pad_token", "sep_token", "cls_token", "mask_token", "additional_special_tokens"})
+
+
+def template_variable_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a ``data.chat_template_kwargs`` key (said after the name), or None."""
+    if not _IDENTIFIER.fullmatch(name):
+        return "is not a template variable name (letters, digits and _, not starting with a digit)"
+    if name in RENDER_ARGUMENTS:
+        return ("is what ft (or transformers) passes to the template itself; set it with its own key (data.tools for "
+                "tools), or drop it")
+    return None
 
 
 def function_schemas(tools: object) -> list[dict]:
