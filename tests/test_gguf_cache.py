@@ -148,14 +148,12 @@ def test_preprocess_show_fills_the_cache_and_shows_the_same_rows(smollm2, tmp_pa
     shutil.rmtree(cache)
 
 
-def test_the_config_is_converted_once_and_the_model_loads_with_it(smollm2, tmp_path, monkeypatch):
-    """The cached config is the file's own, value for value; ft's model load hands it to from_pretrained (which then
-    reads the file once, for the weights) and gets the weights transformers loads from the file alone."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def test_the_config_is_converted_once_and_read_from_the_cache(smollm2, tmp_path, monkeypatch):
+    """The cached config is the file's own, value for value (ft's model load hands it to from_pretrained: that the
+    weights are then transformers' own is tests/test_gguf.py's comparison, which runs with the cache)."""
+    from transformers import AutoConfig
 
-    from ft.model.loading import load_config, load_model
-    from ft.recipe import load_recipe
+    from ft.model.loading import load_config
 
     monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path / "cache"))
     section = ModelSection(name=str(smollm2.parent), gguf_file=smollm2.name)
@@ -169,9 +167,4 @@ def test_the_config_is_converted_once_and_the_model_loads_with_it(smollm2, tmp_p
 
     cached = gguf_cache.config(str(smollm2.parent), smollm2.name, no_conversion)
     assert cached.to_dict() == converted.to_dict() == first.to_dict()
-
-    recipe = load_recipe(ROOT / "recipes" / "smollm2-sft.yaml", []).recipe
-    ours = load_model(recipe, seed=0)
-    theirs = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
-    assert ours.config.to_dict()["vocab_size"] == theirs.config.vocab_size
-    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
+    assert cached.name_or_path == converted.name_or_path
