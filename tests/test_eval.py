@@ -127,6 +127,10 @@ def test_task_files_that_cannot_run_are_named(tmp_path):
     nameless.write_text("dataset_path: json\noutput_type: generate_until\n")
     result = run_ft("eval", "org/some-model", "--tasks", str(nameless))
     assert result.returncode == 2 and "names no `task:`" in result.stderr
+    lost = tmp_path / "lost.yaml"  # its data file beside it, as the shipped tasks keep theirs, is not there
+    lost.write_text(SUMS.read_text().replace("../../data/arithmetic/prompts-eval.jsonl", "held-out.jsonl"))
+    result = run_ft("eval", "org/some-model", "--tasks", str(lost))
+    assert result.returncode == 2 and f"its data file {tmp_path / 'held-out.jsonl'} does not exist" in result.stderr
     hub = tmp_path / "hub.yaml"
     hub.write_text("task: from_hub\ndataset_path: someone/dataset\noutput_type: generate_until\n")
     result = run_ft("eval", "org/some-model", "--tasks", str(hub), env=OFFLINE)

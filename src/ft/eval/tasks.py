@@ -6,7 +6,8 @@ against the file's folder: lm-eval resolves them against the working directory, 
 (the shipped ``tasks/``) would work from one folder only. Anything else is a name in lm-eval's registry (its built-in
 tasks, groups and tags); indexing the registry takes seconds (about 15k entries), so it is read only when a name is
 given. Refused here, by name: a task file or name that does not exist (a name with lm-eval's closest ones), a task
-file without a ``task:``, a registry task whose data is on the Hub while the Hub is switched off (``HF_HUB_OFFLINE``).
+file without a ``task:`` or whose local data file is missing, a registry task whose data is on the Hub while the Hub
+is switched off (``HF_HUB_OFFLINE``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FtError
+from ..recipe.benchmarks import is_task_file
 from ..recipe.errors import did_you_mean, first_line
 
 MISSING = ("scoring benchmarks needs lm-evaluation-harness, which is not installed here; run "
@@ -52,10 +54,6 @@ def require_lm_eval(key: str) -> None:
         raise TaskError(f"{key}: {MISSING}") from None
 
 
-def is_task_file(spec: str) -> bool:
-    return spec.endswith((".yaml", ".yml"))
-
-
 def resolve(names: Sequence[str], base: Path, key: str) -> Tasks:
     """``names`` (task names and task files, files relative to ``base``) as lm-eval loads them; TaskError for a file
     that is missing or holds no task."""
@@ -82,8 +80,23 @@ def _task_file(path: Path, shown: str, key: str) -> dict:
                         "by its group's name from a folder lm-eval indexes). Add `task: <name>`.")
     kwargs = config.get("dataset_kwargs") or {}
     if "data_files" in kwargs:
-        config["dataset_kwargs"] = {**kwargs, "data_files": _absolute(kwargs["data_files"], path.parent)}
+        files = _absolute(kwargs["data_files"], path.parent)
+        config["dataset_kwargs"] = {**kwargs, "data_files": files}
+        missing = [name for name in _local_files(files) if not any(c in name for c in "*?[")  # a glob is datasets' to expand
+                   and not Path(name).is_file()]
+        if missing:
+            raise TaskError(f"{key}: {shown}: its data file {missing[0]} does not exist (`dataset_kwargs.data_files`, "
+                            "read relative to the task file); point it at the file, or put the file there.")
     return config
+
+
+def _local_files(files) -> list[str]:
+    """The local paths among resolved ``data_files`` (URLs left out)."""
+    if isinstance(files, dict):
+        return [name for value in files.values() for name in _local_files(value)]
+    if isinstance(files, (list, tuple)):
+        return [name for value in files for name in _local_files(value)]
+    return [] if "://" in str(files) else [str(files)]
 
 
 def _absolute(files, folder: Path):

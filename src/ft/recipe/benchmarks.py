@@ -12,6 +12,11 @@ from .base import Section, resolve_input_path
 WHEN = ("before", "end", "each_save")
 
 
+def is_task_file(task: str) -> bool:
+    """A ``tasks`` entry that names a task YAML file (read from disk), not a task of lm-eval's registry."""
+    return task.endswith((".yaml", ".yml"))
+
+
 class BenchmarksSection(Section):
     """lm-eval tasks the run scores the model on (``ft eval``'s options, as keys)."""
 
@@ -35,7 +40,7 @@ class BenchmarksSection(Section):
         """A task file (``.yaml``/``.yml``) made absolute where it names one next to the recipe; names unchanged."""
         resolved = []
         for task in value:  # a loop, not a comprehension: the loader finds path keys by the calls in this code
-            resolved.append(resolve_input_path(task, info) if task.endswith((".yaml", ".yml")) else task)
+            resolved.append(resolve_input_path(task, info) if is_task_file(task) else task)
         return resolved
 
     @field_validator("when")

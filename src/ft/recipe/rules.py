@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .adapter import SHAPE_KEYS
+from .benchmarks import is_task_file
 from .data_section import SplitRatio
 from .distributed import deepspeed_config_file
 from .errors import Problem, did_you_mean
@@ -159,7 +160,7 @@ def benchmark_files_exist(recipe: Recipe) -> list[Problem]:
     """A task file the section names is read before the model loads; one that is not there is named now."""
     if recipe.benchmarks is None:
         return []
-    return [problem for i, task in enumerate(recipe.benchmarks.tasks) if task.endswith((".yaml", ".yml"))
+    return [problem for i, task in enumerate(recipe.benchmarks.tasks) if is_task_file(task)
             and not Path(task).expanduser().is_file()
             for problem in error(f"benchmarks.tasks.{i}", f"{task}: no such task file (a path is relative to the "
                                  "recipe); name a task YAML that exists, or an lm-eval task by name.")]

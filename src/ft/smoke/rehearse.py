@@ -42,6 +42,7 @@ from ..model.loading import named_tokens, names_a_path
 from ..outputs.lock import LOCK_NAME
 from ..outputs.summary import write_summary
 from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError, load_recipe
+from ..recipe.benchmarks import is_task_file
 from ..recipe.errors import first_line
 from ..recipe.hub import HUB_SETTINGS, PUSHING
 from ..recipe.load import validate
@@ -164,6 +165,7 @@ def prepare(loaded: LoadedRecipe, say: Callable[[str], None] = print) -> Smoke:
     model, processing = _model(edits, loaded, base_dir, out / "inputs" / "model")
     _extra_models(edits, loaded, base_dir, out / "inputs")
     copies = _data(edits, recipe, out / "inputs" / "data", processing, seeing=model["modality"] == "vision")
+    _benchmarks(edits, recipe)
     smoke_recipe, warnings = validate(edits.raw, loaded.locations, base_dir=base_dir, source=str(loaded.source))
     known = {w.render() for w in loaded.warnings}
     for warning in warnings:
@@ -524,7 +526,6 @@ def _data(edits: _Edits, recipe: Recipe, data_dir: Path, processing, seeing: boo
                   say=False)
         if scored.source is not None:
             keyed.append(("data.eval_exact_match.source", "eval", scored.source))
-    _benchmarks(edits, recipe)
     for key, split, source in keyed:
         rows, stem = ROWS[split], data_dir / key.removeprefix("data.")
         copy, why = first_rows.head(source, rows, stem, images=seeing)
@@ -549,7 +550,7 @@ def _benchmarks(edits: _Edits, recipe: Recipe) -> None:
     benchmarks = recipe.benchmarks
     if benchmarks is None:
         return
-    files = [task for task in benchmarks.tasks if task.endswith((".yaml", ".yml"))]
+    files = [task for task in benchmarks.tasks if is_task_file(task)]
     why = "lm-eval's own tasks read their data from the Hub; the smoke run scores only task files"
     if not files:
         edits.set("benchmarks", _UNSET, f"{why}, and the recipe names none")
