@@ -51,13 +51,16 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session", autouse=True)
 def ft_cache(tmp_path_factory) -> Path:
-    """ft's cache (``FT_CACHE_DIR``: the tokenizers converted from GGUF files) for every command of the session, one
-    folder all its test processes share, in place before the first command starts: the machine's own cache is left
-    alone, and the real model's tokenizer is converted by the session's first command to need it, not by each."""
+    """ft's cache (``FT_CACHE_DIR``: the tokenizers, configs and, with ``FT_CACHE_GGUF_WEIGHTS``, de-quantized weights
+    converted from GGUF files) for every command of the session, one folder all its test processes share, in place
+    before the first command starts: the machine's own cache is left alone, and the real model is converted by the
+    session's first command to need it, not by each (its weights once, not at each of the suite's loads: 12 s each).
+    tests/test_gguf_cache.py checks what is kept against the conversion."""
     root = tmp_path_factory.getbasetemp()
     folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "ft-cache"
     folder.mkdir(exist_ok=True)
     os.environ["FT_CACHE_DIR"] = str(folder)
+    os.environ["FT_CACHE_GGUF_WEIGHTS"] = "1"
     return folder
 
 

@@ -73,17 +73,29 @@ def test_without_the_gguf_package_ft_train_says_how_to_install_it(smollm2, write
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
-def test_the_dequantized_model_computes_what_transformers_loads_and_saves(smollm2, tmp_path):
+@pytest.fixture(scope="module")
+def theirs(smollm2):
+    """The real model as transformers' own GGUF load gives it."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+
+
+@pytest.mark.parametrize("kept", ["0", "1"], ids=["converted", "kept-weights"])
+def test_the_dequantized_model_computes_what_transformers_loads_and_saves(smollm2, theirs, kept, tmp_path,
+                                                                        monkeypatch):
+    """ft's model, de-quantized from the file by this load or read from the weights ft's cache keeps
+    (``FT_CACHE_GGUF_WEIGHTS``), computes transformers' logits exactly, keeps its tied embeddings, and saves."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ft.model.loading import load_model
     from ft.recipe import load_recipe
 
+    monkeypatch.setenv("FT_CACHE_GGUF_WEIGHTS", kept)
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(json.dumps(_recipe(smollm2, tmp_path / "out")))
     ours = load_model(load_recipe(recipe_path).recipe, seed=0)
-    theirs = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
     tokenizer = AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
     batch = tokenizer(["What is the capital of France?", "What is 26 + 3?"], return_tensors="pt", padding=True)
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """The tokenizer and config of a local GGUF file are converted once and read from ft's cache after
-(``ft.model.gguf_cache``): each cached one is the file's own, the entry is keyed by what they are built from, and a
-broken entry or an unwritable cache costs only the conversion. Checked on the real model's file
+(``ft.model.gguf_cache``), and its de-quantized weights where ``FT_CACHE_GGUF_WEIGHTS`` asks: each cached one is
+the file's own, the entry is keyed by what they are built from, and a broken entry or an unwritable cache costs only
+the conversion. Checked on the real model's file
 (SmolLM2-135M-Instruct)."""
 
 from __future__ import annotations
@@ -168,3 +169,63 @@ def test_the_config_is_converted_once_and_read_from_the_cache(smollm2, tmp_path,
     cached = gguf_cache.config(str(smollm2.parent), smollm2.name, no_conversion)
     assert cached.to_dict() == converted.to_dict() == first.to_dict()
     assert cached.name_or_path == converted.name_or_path
+
+
+def _recipe_of(smollm2: Path, tmp_path: Path):
+    """A recipe training the real model from its GGUF file (what ``load_model`` reads of it: the model section)."""
+    from ft.recipe import load_recipe
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps({"method": "sft", "model": {"name": str(smollm2.parent), "gguf_file": smollm2.name},
+                                "data": {"train": [{"path": str(ROOT / "data" / "arithmetic" / "train.jsonl"),
+                                                    "format": "chat"}]},
+                                "train": {"output_dir": str(tmp_path / "out")}}))
+    return load_recipe(path).recipe
+
+
+def test_weights_are_kept_only_when_asked_and_the_kept_entry_is_what_loads(smollm2, tmp_path, monkeypatch):
+    """``FT_CACHE_GGUF_WEIGHTS=1``: the first load writes the de-quantized weights as one whole checkpoint, and later
+    loads read that checkpoint (a value changed in it is the value loaded); an entry cut short is converted again; an
+    unwritable cache or the switch off keep nothing. (That the kept weights compute what transformers' own GGUF load
+    computes, tied embeddings included, is tests/test_gguf.py's comparison, run both ways.)"""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ft.model.loading import load_model
+
+    monkeypatch.setenv("FT_CACHE_DIR", str(tmp_path / "cache"))
+    recipe = _recipe_of(smollm2, tmp_path)
+    folder, name = str(smollm2.parent), smollm2.name
+
+    def never():
+        raise AssertionError("converted although no weights are to be kept")
+
+    monkeypatch.setenv("FT_CACHE_GGUF_WEIGHTS", "0")
+    assert gguf_cache.weights(folder, name, never) is None
+    monkeypatch.setenv("FT_CACHE_GGUF_WEIGHTS", "1")
+    first = load_model(recipe, seed=0)
+    (entry,) = _entries(tmp_path / "cache", "weights")
+    assert first.name_or_path == folder and first.config._name_or_path == folder  # as a GGUF load names it
+    saved = entry / "model.safetensors"
+    tensors = load_file(saved)
+    norm = tensors["model.norm.weight"].clone()
+    tensors["model.norm.weight"] += 1.0
+    save_file(tensors, saved, metadata={"format": "pt"})
+    assert torch.equal(load_model(recipe, seed=0).model.norm.weight, norm + 1.0)
+
+    calls = []
+
+    def convert():
+        calls.append(1)
+        return first
+
+    saved.write_bytes(saved.read_bytes()[:1000])  # a copy cut short
+    assert gguf_cache.weights(folder, name, convert) == entry
+    assert calls == [1] and torch.equal(load_file(saved)["model.norm.weight"], norm)
+    assert sorted(path.name for path in entry.parent.iterdir()) == ["config", "weights"]  # no staging left behind
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache would be")
+    monkeypatch.setenv("FT_CACHE_DIR", str(blocker))
+    assert gguf_cache.weights(folder, name, convert) is None  # the caller loads the GGUF file itself
+    assert blocker.read_text() == "a file where the cache would be"

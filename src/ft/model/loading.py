@@ -254,9 +254,14 @@ def load_model(recipe: Recipe, seed: int):
             config = copy.deepcopy(load_config(section))  # handed over: from_pretrained would convert it again
             for key in _head_kwargs(recipe):
                 setattr(config, key, kwargs.pop(key))
+            kept = gguf_cache.weights(section.name, section.gguf_file, lambda: _dequantized(section))
             _seed_new_head(recipe, seed)
-            model = _plain(auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs, config=config,
-                                                quantization_config=dense), section, auto)
+            if kept is None:
+                model = _plain(auto.from_pretrained(section.name, **_common_kwargs(section), **kwargs, config=config,
+                                                    quantization_config=dense), section, auto)
+            else:  # the same de-quantized values, read from ft's cache (as a GGUF load names its model)
+                model = auto.from_pretrained(kept, **kwargs, config=config)
+                model.config._name_or_path = model.name_or_path = section.name
             return model if quantization is None else _quantized_copy(model, section, kwargs, quantization, auto)
         if section.init == "pretrained":
             _seed_new_head(recipe, seed)
@@ -300,6 +305,18 @@ def load_weights(recipe: Recipe, seed: int, config, state_dict: dict):
         raise ModelLoadError(_explain(section, "model", exc)) from None
     model.config._name_or_path = model.name_or_path = section.name  # what an adapter records as its base
     return model
+
+
+def _dequantized(section: ModelSection):
+    """The GGUF file's causal LM, de-quantized to float32 in a plain model (what ft's cache keeps of its weights:
+    ``gguf_cache.weights``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    config = copy.deepcopy(load_config(section))
+    model = AutoModelForCausalLM.from_pretrained(section.name, **_common_kwargs(section), config=config,
+                                                 dtype=torch.float32, quantization_config=GgufConfig(dequantize=True))
+    return _plain(model, section, AutoModelForCausalLM)
 
 
 def _plain(model, section: ModelSection, auto):
