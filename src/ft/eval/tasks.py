@@ -82,8 +82,8 @@ def _task_file(path: Path, shown: str, key: str) -> dict:
     if "data_files" in kwargs:
         files = _absolute(kwargs["data_files"], path.parent)
         config["dataset_kwargs"] = {**kwargs, "data_files": files}
-        missing = [name for name in _local_files(files) if not any(c in name for c in "*?[")  # a glob is datasets' to expand
-                   and not Path(name).is_file()]
+        missing = [name for name in _local_files(files)  # a glob is datasets' to expand
+                   if not any(c in name for c in "*?[") and not Path(name).is_file()]
         if missing:
             raise TaskError(f"{key}: {shown}: its data file {missing[0]} does not exist (`dataset_kwargs.data_files`, "
                             "read relative to the task file); point it at the file, or put the file there.")
