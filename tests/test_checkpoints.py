@@ -4,6 +4,7 @@ preemption: SIGTERM saves a JIT checkpoint, exits 143, and the same command resu
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -233,7 +234,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
 
     again = run_ft(*args)
     assert again.returncode == 2 and "already holds a completed run" in again.stderr
-    assert "--resume never" in again.stderr
+    assert "add `--resume never --overwrite`" in again.stderr  # the one command that retrains it (not two refusals)
 
 
 @pytest.mark.slow
@@ -421,6 +422,11 @@ def test_a_completed_runs_final_that_does_not_read_back_is_written_again(saved_r
     # whole again: the run is complete, and --resume auto says so
     refused = run_ft("train", str(recipe))
     assert refused.returncode == 2 and "already holds a completed run" in refused.stderr
+    flags = re.search(r"add `(--resume never --overwrite)`", refused.stderr).group(1).split()
+    if damage == "cut":  # the command the refusal gives retrains, at the first try
+        retrained = run_ft("train", str(recipe), *flags)
+        assert retrained.returncode == 0, retrained.stderr[-3000:]
+        assert_same_final_weights(out, saved_run)
 
 
 def test_a_final_dir_is_judged_by_the_weights_it_holds(saved_run, tmp_path):

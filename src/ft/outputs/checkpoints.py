@@ -217,8 +217,9 @@ def resolve_resume(mode: str, output_dir: Path, overwrite: bool = False) -> Resu
         problem = final_problem(output_dir / FINAL)
         if problem is None:
             raise ResumeError(f"{output_dir} already holds a completed run ({output_dir / 'summary.json'} says "
-                              "`completed`; its model is in final/). To train it again from the start into the "
-                              "same folder pass `--resume never`; to keep it, set `train.output_dir` elsewhere.")
+                              "`completed`; its model is in final/). To train it again from the start in the same "
+                              "folder, deleting that run, add `--resume never --overwrite`; to keep it, set "
+                              "`train.output_dir` elsewhere.")
         found = _newest_that_reads_back(output_dir)
         if found.path is None:
             raise ResumeError(f"{output_dir} holds a completed run whose {_in_final(problem)}, and no checkpoint to "
