@@ -341,3 +341,28 @@ def test_null_on_a_required_key_says_it_is_required(write_recipe, tmp_path):
     assert "unknown key" in found["data.packin"].message
     with pytest.raises(RecipeError, match="data: is required and cannot be null"):
         load_recipe(write_recipe(tiny_sft(tmp_path / "out")), ["data=null"])
+
+
+def test_a_key_in_the_wrong_section_is_sent_home_and_a_set_key_is_blamed_on_the_flag(write_recipe, tmp_path):
+    """A key written in another section than its own (``train.eval_exact_match``, ``model.max_steps``) names the key
+    where it lives, rather than a look-alike of the section it was written in; a close name here comes first, one of
+    another section after it; the problem of a key ``--set`` wrote is located on the flag, not on a line of the file."""
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["train"]["eval_exact_match"] = {"n": 20}
+    recipe["model"]["max_steps"] = 3
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    found = {p.path: p for p in info.value.problems}
+    assert "another section: `data.eval_exact_match`; move it there" in found["train.eval_exact_match"].message
+    assert "eval_do_concat_batches" not in found["train.eval_exact_match"].message
+    assert "`train.max_steps`" in found["model.max_steps"].message
+    lines = path.read_text().splitlines()
+    assert found["model.max_steps"].where == f"{path}:{lines.index('  max_steps: 3') + 1}"
+
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write_recipe(tiny_sft(tmp_path / "out")), ["data.max_step=3", "lr=0.1"])
+    found = {p.path: p for p in info.value.problems}
+    assert "Did you mean 'mix_stop' or `train.max_steps`?" in found["data.max_step"].message
+    assert found["data.max_step"].where == "--set data.max_step=3"
+    assert "`optimizer.lr`; move it there" in found["lr"].message and found["lr"].where == "--set lr=0.1"

@@ -12,7 +12,9 @@ folder (then the working directory) by the schema's validators (``base.resolve_i
 from __future__ import annotations
 
 import copy
+import difflib
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -278,7 +280,7 @@ def _problem(err: dict, cls: type[BaseModel], locations: Locations) -> Problem:
         if loc[:1] == ("train",) and len(loc) == 2 and loc[-1] in moved:  # e.g. warmup_ratio, gone in 5.x
             return Problem(dotted, f"is not set under `train:` in ft recipes; set `{moved[loc[-1]]}` instead.", where)
         allowed = [name for name in _fields_at(cls, loc[:-1]) if loc[:1] != ("train",) or name not in moved]
-        return Problem(dotted, f"unknown key.{did_you_mean(loc[-1], allowed)} Allowed here: "
+        return Problem(dotted, f"unknown key.{_suggestion(cls, loc, allowed)} Allowed here: "
                                f"{_short_list(allowed)}.", where)
     if kind == "missing":
         written = loc in locations  # as `key: null`, which leaves the key unset
@@ -321,6 +323,43 @@ def _is_union_tag(part: str) -> bool:
                                    "literal['all-linear']", "tuple"} or part.startswith(("function-", "constrained-"))
 
 
+def _suggestion(cls: type[BaseModel], loc: tuple, allowed: list[str]) -> str:
+    """The likeliest key meant by the unknown key at ``loc``: the same key where it lives in another section (a key
+    written in the wrong section: ``train.eval_exact_match`` is ``data.eval_exact_match``), else a close name here,
+    else a close name in another section."""
+    key = str(loc[-1])
+    homes = _homes(cls)
+    here = ".".join(str(part) for part in loc[:-1] if not isinstance(part, int))
+    moved = [path for path in homes.get(key, []) if path.rpartition(".")[0].replace("[]", "") != here]
+    if moved:
+        places = " or ".join(f"`{path}`" for path in moved[:3])
+        return f" It is a key of another section: {places}; move it there."
+    close = [repr(name) for name in difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)]
+    elsewhere = difflib.get_close_matches(key, [name for name in homes if name not in allowed], n=2, cutoff=0.85)
+    close += [f"`{path}`" for name in elsewhere for path in homes[name][:2]]
+    return f" Did you mean {' or '.join(close)}?" if close else ""
+
+
+@cache
+def _homes(cls: type[BaseModel]) -> dict[str, list[str]]:
+    """Every key of the recipe model ``cls``, in every section at any depth, with the dotted paths it lives at (an
+    item of a list of sections shown as ``[]``: ``data.train[].path``)."""
+    homes: dict[str, list[str]] = {}
+
+    def walk(model, prefix: str, seen: tuple) -> None:
+        for key, field in _keys(model).items():
+            path = f"{prefix}{key}"
+            homes.setdefault(key, []).append(path)
+            listed = typing.get_origin(field.annotation) is list or any(
+                typing.get_origin(arg) is list for arg in typing.get_args(field.annotation))
+            for inner in _models_in(field.annotation):
+                if inner not in seen:
+                    walk(inner, f"{path}{'[]' if listed else ''}.", (*seen, inner))
+
+    walk(cls, "", (cls,))
+    return homes
+
+
 def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
     """The keys of the (sub)model at a location, as a recipe writes them (``class``, not ``cls``), for did-you-mean
     suggestions."""
@@ -348,8 +387,6 @@ def _model_in(annotation):
 
 def _models_in(annotation) -> list[type[BaseModel]]:
     """Every model ``annotation`` names (``Optional[X]``, ``list[X]``, ``Union[list[X], Y]``), in order."""
-    import typing
-
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
