@@ -11,7 +11,7 @@ import pytest
 from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
 from stand_in import Writer
 
-from ft.inference.exact_match import HeldOut, exact_match, held_out_rows, report_line
+from ft.inference.exact_match import HeldOut, answer_tokens, exact_match, held_out_rows, report_line
 from ft.outputs.summary import headline
 from ft.recipe import RecipeError, load_recipe
 
@@ -67,6 +67,39 @@ def test_exact_match_counts_the_greedy_answers_that_equal_the_expected_ones():
     assert ": 0.985 (197 right)" in report_line({**result, "exact_match": round(197 / 200, 4), "n": 200})
 
 
+def test_the_answers_token_budget_is_the_longest_expected_answer_with_its_end_of_turn():
+    """``answer_tokens``: the tokens the longest expected answer takes the model to write, its end of turn included.
+    With that budget a model that writes every answer right scores them all, each seen ending its turn; one token
+    less hides the longest answer's end, two cut its text."""
+    tokenizer = _tokenizer()
+    system = {"role": "system", "content": "You are a calculator."}
+    rows = [HeldOut([system, {"role": "user", "content": f"What is {a} + {b}?"}], str(a + b))
+            for a, b in [(2, 3), (4080, 9002), (88, 9)]]
+    needed, index = answer_tokens(Adder(tokenizer), tokenizer, rows)
+    assert index == 1 and needed == len(tokenizer.encode("13082", add_special_tokens=False)) + 1
+    assert exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=needed)["exact_match"] == 1.0
+    unended = exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=needed - 1)  # its end of turn cut
+    assert unended["exact_match"] == 1.0 and unended["ended_turn"] == round(2 / 3, 4)
+    cut = exact_match(Adder(tokenizer), tokenizer, rows, max_new_tokens=needed - 2)  # and its last digit
+    assert cut["exact_match"] == round(2 / 3, 4)
+    text = [HeldOut("What is 6 + 6? ", "12")]  # a text prompt: the answer, then the end-of-sequence token
+    twelve = len(tokenizer.encode("12", add_special_tokens=False))
+    assert answer_tokens(Adder(tokenizer), tokenizer, text)[0] == twelve + 1
+
+
+def test_a_written_date_and_its_end_of_turn_take_smollm2_eleven_tokens(smollm2):
+    """The case a new user met (issue 47): ISO dates as answers, SmolLM2's tokenizer and template. The old default of
+    8 tokens cut every one of them; the budget counts the date's digits one by one and the end of turn."""
+    from ft.model.loading import load_tokenizer
+    from ft.recipe.schema import ModelSection
+
+    tokenizer = load_tokenizer(ModelSection(name=str(smollm2.parent), gguf_file=smollm2.name))
+    chat = [{"role": "user", "content": "Write 5 March 2024 as an ISO 8601 date."}]
+    stand_in = Writer(tokenizer)
+    needed, _ = answer_tokens(stand_in, tokenizer, [HeldOut(chat, "2024-03-05")])
+    assert needed == 11 == len(tokenizer.encode("2024-03-05<|im_end|>", add_special_tokens=False))
+
+
 def test_held_out_rows_by_format(write_recipe, tmp_path):
     # the quickstart's own source: GRPO's held-out prompts, with their `answer`
     rows = held_out_rows(load_recipe(ROOT / "recipes/quickstart.yaml").recipe)
@@ -111,10 +144,11 @@ def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe
     result = run_ft("train", str(write_recipe(recipe)))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = _summary(tmp_path / "out")
-    before = summary["exact_match_before"]  # a random model: no sum right, and none ends its answer in 8 tokens
+    before = summary["exact_match_before"]  # a random model: no sum right
     assert before["n"] == 20 and before["exact_match"] == 0.0 and "ended_turn" in before
     lines = [line for line in result.stderr.splitlines() if line.startswith("ft: exact match on 20")]
     assert len(lines) == 2
+    assert re.search(r"ft: exact match: answers may take \d+ tokens \(the longest expected answer", result.stderr)
     assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0 (0 right)")
     answers = [json.loads(line) for line in (tmp_path / "out" / "exact_match.jsonl").read_text().splitlines()]
     assert len(answers) == 20 and {"prompt", "expected", "before", "after"} == set(answers[0])
@@ -128,7 +162,13 @@ def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe
     assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
     assert "before training" not in resumed.stderr and "exact_match_before" not in _summary(tmp_path / "out")
     recipe["data"]["eval_exact_match"]["before"] = False
+    recipe["data"]["eval_exact_match"]["max_new_tokens"] = 1
     recipe["train"]["output_dir"] = str(tmp_path / "off")
+    short = run_ft("train", str(write_recipe(recipe)))  # every sum and its end of turn take more than one token
+    assert short.returncode == 2 and "data.eval_exact_match.max_new_tokens: is 1, and the expected answer of " \
+        "held-out row" in short.stderr, short.stderr[-3000:]
+    assert not (tmp_path / "off" / "checkpoint-2").exists() and "step" not in short.stderr.lower()
+    del recipe["data"]["eval_exact_match"]["max_new_tokens"]
     off = run_ft("train", str(write_recipe(recipe)))
     assert off.returncode == 0 and "before training" not in off.stderr
     assert "exact_match_before" not in _summary(tmp_path / "off") and _summary(tmp_path / "off")["exact_match"]

@@ -161,6 +161,33 @@ def test_prompts_take_the_chat_template_unless_told_not_to():
         prompt_text(tokenizer, {"messages": [{"role": "user", "content": "hi"}]}, raw, "--file p.jsonl:1")
 
 
+def test_an_instruction_and_its_input_are_asked_as_training_wrote_them(full_run, tmp_path):
+    """``--prompt INSTRUCTION --input INPUT`` and a --file line ``{"instruction", "input"}`` ask with the user turn the
+    instruction format trains on (``instruction_text``: a blank line between), not a layout the user must guess."""
+    from transformers import AutoTokenizer
+
+    from ft.data.formats import FORMATS, Names
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSETS)
+    row = {"instruction": "Add the two numbers.", "input": "12 and 30", "output": "42"}
+    trained = FORMATS["instruction"].convert(row, Names({}, {}))["messages"][0]
+    asked, _ = prompt_text(tokenizer, {"instruction": row["instruction"], "input": row["input"]}, Sampling(), "x")
+    assert asked == prompt_text(tokenizer, {"messages": [trained]}, Sampling(), "x")[0]
+    assert "Add the two numbers.\n\n12 and 30" in asked
+
+    given = run_ft("generate", str(full_run), "--prompt", row["instruction"], "--input", row["input"],
+                   "--max-new-tokens", TOKENS)
+    joined = run_ft("generate", str(full_run), "--prompt", trained["content"], "--max-new-tokens", TOKENS)
+    assert given.returncode == 0 and given.stdout == joined.stdout, given.stderr[-3000:]
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text(json.dumps({"instruction": row["instruction"], "input": row["input"]}) + "\n")
+    from_file = run_ft("generate", str(full_run), "--file", str(lines), "--max-new-tokens", TOKENS)
+    assert from_file.returncode == 0, from_file.stderr[-3000:]
+    assert json.loads(from_file.stdout)["completion"] + "\n" == joined.stdout
+    assert "one each: 2 --input for 1 --prompt" in _refused("generate", str(full_run), "--prompt", "a", "--input",
+                                                           "b", "--input", "c")
+
+
 def _refused(*args: str) -> str:
     result = run_ft(*args)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])

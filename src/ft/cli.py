@@ -56,10 +56,27 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, show: ShowOpt = None) -> No
     from .recipe.resolved import resolved_recipe_yaml
 
     loaded = _load(recipe, set_)
+    _guarded(lambda: _check_inputs(loaded))
     print(resolved_recipe_yaml(loaded.recipe), end="")
     if show is not None:
         print()
         _show(loaded, show)
+
+
+def _check_inputs(loaded) -> None:
+    """The local files and folders the recipe reads exist (``run.inputs``), and its GGUF file is whole: checked by
+    ``ft validate`` without loading them; a folder another recipe writes is a warning."""
+    from .model.loading import gguf_problems
+    from .run.inputs import missing_inputs
+
+    problems = missing_inputs(loaded)
+    if not any(problem.path == "model.name" for problem in problems):  # a missing folder's file is missing too
+        problems += gguf_problems(loaded.recipe.model)
+    for warning in (problem for problem in problems if problem.level == "warning"):
+        _err("warning: " + loaded.error([warning]).problems[0].render())
+    errors = [problem for problem in problems if problem.level == "error"]
+    if errors:
+        raise loaded.error(errors)
 
 
 def _show(loaded, count: int) -> None:
@@ -242,9 +259,12 @@ def generate(
     prompt: Annotated[list[str] | None, typer.Option(
         help="The text to complete (a user message when the model has a chat template); repeat it for more "
              "prompts, answered in order.", show_default=False)] = None,
+    input_: Annotated[list[str] | None, typer.Option(
+        "--input", show_default=False, help="The input of an instruction row, one per --prompt (its instruction): "
+        "joined as training joins instruction rows (a blank line between).")] = None,
     file: Annotated[Path | None, typer.Option("--file", show_default=False, help="JSON lines, one object per "
-                                              "line with `prompt` (text) or `messages` (chat); prints JSON lines "
-                                              "with a `completion` each.")] = None,
+                                              "line with `prompt` (text), `messages` (chat) or `instruction` (and "
+                                              "`input`); prints JSON lines with a `completion` each.")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 decodes greedily.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Nucleus sampling (temperature > 0).")] = 1.0,
@@ -262,6 +282,10 @@ def generate(
     if (not prompt) == (file is None):
         _err("ft generate: give --prompt TEXT (one or more) or --file prompts.jsonl, not both.")
         raise typer.Exit(EXIT_INVALID)
+    if input_ and len(input_) != len(prompt or []):
+        _err(f"ft generate: --input gives the input of each --prompt's instruction, one each: {len(input_)} --input "
+             f"for {len(prompt or [])} --prompt. Give as many of each (--input '' for an instruction without input).")
+        raise typer.Exit(EXIT_INVALID)
     if image is not None and file is not None:
         _err("ft generate: --image goes with --prompt (each prompt asks about the image); a --file's prompts take no "
              "image yet. Give the questions with --prompt.")
@@ -274,7 +298,9 @@ def generate(
     sampling = Sampling(max_new_tokens, temperature, top_p, chat_template)
 
     def step() -> None:
-        items = [(f"--prompt {i + 1}", {"prompt": text}) for i, text in enumerate(prompt)] if file is None \
+        asking = [{"prompt": text} for text in prompt or []] if not input_ else \
+            [{"instruction": text, "input": given} for text, given in zip(prompt, input_, strict=True)]
+        items = [(f"--prompt {i + 1}", item) for i, item in enumerate(asking)] if file is None \
             else read_prompts(file)
         completions = run_generate(source, items, sampling, dtype, seed, say=_err, image=image, tools=tools)
         for (_, item), completion in zip(items, completions, strict=True):

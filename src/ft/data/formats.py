@@ -247,15 +247,21 @@ class Chat(Conversation):
         return {names("messages"): turns}
 
 
+def instruction_text(instruction: str, given: str | None = None) -> str:
+    """The user turn of an instruction row: the instruction, then a blank line and the input when there is one (not
+    blank). One layout for training, exact match and ``ft generate --input``, so a model is asked as it was taught."""
+    return f"{instruction}\n\n{given}" if given is not None and given.strip() else instruction
+
+
 @register
 class Instruction(Conversation):
     name = "instruction"
 
     def convert(self, row: Row, names: Names) -> Row:
-        """User turn: the instruction, plus a blank line and the input when there is one; assistant: the output."""
-        user = text_of(row, names("instruction"))
-        if row.get(names("input")) is not None and text_of(row, names("input"), empty_ok=True).strip():
-            user = f"{user}\n\n{row[names('input')]}"
+        """User turn: ``instruction_text`` of the instruction and input; assistant: the output."""
+        given = row.get(names("input"))
+        user = instruction_text(text_of(row, names("instruction")),
+                                text_of(row, names("input"), empty_ok=True) if given is not None else None)
         return {"messages": [{"role": "user", "content": user},
                              {"role": "assistant", "content": text_of(row, names("output"))}]}
 

@@ -202,6 +202,33 @@ def held_out_rows(recipe, n: int | None = None, images: bool = False, calls: boo
     return rows
 
 
+def answer_tokens(model, tokenizer, rows: Sequence[HeldOut]) -> tuple[int, int]:
+    """(tokens, index of its row): the most tokens any of ``rows``' expected answers takes the model to write, its end
+    of turn included, as ``exact_match`` generates it: the tokens of the prompt with the expected answer after it (a
+    chat rendered with the answer as its last turn, a text prompt followed by the answer) beyond those of the prompt
+    alone, up to and including the first token generation stops at. ``max_new_tokens`` below it cuts that answer
+    short, and scores it wrong however well the model answers."""
+    from .generate import Sampling, generation_config
+
+    text_side = text_tokenizer(tokenizer)
+    stops = set(generation_config(model, text_side, Sampling(max_new_tokens=1)).eos_token_id)
+    stops |= {text_side.pad_token_id} - {None}
+    most, longest = 0, 0
+    for index, row in enumerate(rows):
+        prompt = _rendered(tokenizer, row.prompt, row.tools)
+        if isinstance(row.prompt, str):
+            whole, extra = prompt + str(row.answer), 1  # the end-of-sequence token a text answer ends with
+        else:
+            turn = row.answer if isinstance(row.answer, dict) else {"role": "assistant", "content": row.answer}
+            whole, extra = render(tokenizer, None, [*row.prompt, turn], row.tools), 0
+        start = len(text_side(prompt, add_special_tokens=False).input_ids)
+        written = text_side(whole, add_special_tokens=False).input_ids[start:]
+        end = next((i + 1 for i, token in enumerate(written) if token in stops), len(written) + extra)
+        if end > most:
+            most, longest = end, index
+    return most, longest
+
+
 def report_line(result: dict, when: str = "") -> str:
     """``ft: exact match on 200 held-out prompts: 0.985 (197 right) (e.g. 'What is 3 + 4?' → '7')``; ``when``
     follows "prompts" (`` before training``). The share is written as summary.json holds it and ``ft report`` shows
@@ -212,16 +239,18 @@ def report_line(result: dict, when: str = "") -> str:
     return f"ft: exact match on {n} held-out prompts{when}: {share:.4g} ({round(share * n)} right){shown}"
 
 
-def after_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
+def after_training(recipe, trainer, rows: list[HeldOut] | None, max_new_tokens: int,
+                   say: Callable[[str], None] = print) -> dict | None:
     """``data.eval_exact_match`` of the model ``trainer`` just trained, on ``rows`` (``held_out_rows``, read before
     training so that a bad source fails first), on this (the main) process alone: printed, and returned for
     summary.json, every row's answer under ``answers`` (``write_answers`` takes them out for exact_match.jsonl). None
     when the recipe does not ask, or when the model is sharded over several processes (FSDP,
     DeepSpeed: one process cannot run it alone; ``ft generate`` on final/ can)."""
-    return _scored(recipe, trainer, rows, say, "")
+    return _scored(recipe, trainer, rows, max_new_tokens, say, "")
 
 
-def before_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[str], None] = print) -> dict | None:
+def before_training(recipe, trainer, rows: list[HeldOut] | None, max_new_tokens: int,
+                    say: Callable[[str], None] = print) -> dict | None:
     """The same score of the model as loaded (``data.eval_exact_match.before``), with the same code, rows and
     settings as ``after_training``: the baseline summary.json keeps beside the trained figure. It generates greedily
     in eval mode and restores train mode, drawing no random numbers, so the training that follows is the one a run
@@ -229,10 +258,10 @@ def before_training(recipe, trainer, rows: list[HeldOut] | None, say: Callable[[
     settings = recipe.data.eval_exact_match
     if settings is None or not settings.before:
         return None
-    return _scored(recipe, trainer, rows, say, " before training")
+    return _scored(recipe, trainer, rows, max_new_tokens, say, " before training")
 
 
-def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
+def _scored(recipe, trainer, rows, max_new_tokens: int, say, when: str) -> dict | None:
     settings = recipe.data.eval_exact_match
     if settings is None or rows is None:
         return None
@@ -241,7 +270,7 @@ def _scored(recipe, trainer, rows, say, when: str) -> dict | None:
             f"({recipe.distributed.kind}); score final/ with `ft generate` instead")
         return None
     model = trainer.accelerator.unwrap_model(trainer.model)
-    result = exact_match(model, trainer.processing_class, rows, max_new_tokens=settings.max_new_tokens,
+    result = exact_match(model, trainer.processing_class, rows, max_new_tokens=max_new_tokens,
                          batch_size=settings.batch_size, examples=len(rows), sizing=recipe.data.image)
     result["answers"], result["examples"] = result["examples"], result["examples"][:EXAMPLES]
     say(report_line(result, when))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.formats import instruction_text
 from ..data.templates import render
 from ..errors import FtError
 from ..model.loading import text_tokenizer
@@ -114,8 +115,8 @@ def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bo
         raise InferenceError(f"{where}: `messages` are rendered with the chat template, and {why}; give a `prompt` "
                              "text instead.")
     if not templated:
-        return item["prompt"], False
-    messages = item["messages"] if "messages" in item else [{"role": "user", "content": item["prompt"]}]
+        return asked(item), False
+    messages = item["messages"] if "messages" in item else [{"role": "user", "content": asked(item)}]
     if sees(tokenizer):
         messages = [{**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
                      else m["content"]} for m in messages]
@@ -124,6 +125,14 @@ def prompt_text(tokenizer, item: dict, sampling: Sampling, where: str, image: bo
             m["role"] == "user" for m in messages) else len(messages) - 1
         messages[last] = {**messages[last], "content": [{"type": "image"}, *messages[last]["content"]]}
     return render(tokenizer, None, messages, item.get("tools") or tools, generation=True), True
+
+
+def asked(item: dict) -> str:
+    """The text of an item that asks in text: its ``prompt``, or its ``instruction`` and ``input`` joined as an
+    instruction row's user turn is in training (``ft.data.formats.instruction_text``)."""
+    if "instruction" in item:
+        return instruction_text(item["instruction"], item.get("input"))
+    return item["prompt"]
 
 
 def complete(model, tokenizer, text: str, templated: bool, sampling: Sampling, image=None) -> str:
@@ -185,10 +194,17 @@ def read_prompts(path: Path) -> list[tuple[str, dict]]:
     return items
 
 
+ASKING = ("prompt", "messages", "instruction")  # what a prompt file's line asks with: exactly one of them
+
+
 def _check_item(item: object, where: str) -> None:
-    if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-        raise InferenceError(f"{where}: each line needs exactly one of `prompt` (text) or `messages` (a list of "
-                             '{"role", "content"} objects), and may have `tools`.')
+    if not isinstance(item, dict) or sum(key in item for key in ASKING) != 1:
+        raise InferenceError(f"{where}: each line needs exactly one of `prompt` (text), `messages` (a list of "
+                             '{"role", "content"} objects) or `instruction` (with an optional `input`, as '
+                             "instruction rows are written), and may have `tools`.")
+    for key in ("instruction", "input"):
+        if key in item and not isinstance(item[key], str):
+            raise InferenceError(f"{where}: `{key}` must be a string.")
     if item.get("tools") is not None:
         try:
             item["tools"] = function_schemas(item["tools"])

@@ -45,6 +45,24 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
+def writer_of(target: Path, folder: Path):
+    """(the recipe file, its Recipe) of the recipe in ``folder`` whose run writes ``target`` (a path that does not
+    exist yet: that run's directory, its ``final/`` or one of its checkpoints), or None: ``model.name:
+    ../runs/smollm2-sft`` in a recipe next to ``smollm2-sft.yaml`` names the run that recipe trains."""
+    from ..recipe import load_recipe
+
+    target = target.resolve()
+    for path in sorted(folder.glob("*.y*ml")):
+        try:
+            other = load_recipe(path).recipe
+        except Exception:  # noqa: BLE001 (a recipe that does not load writes nothing)
+            continue
+        out = Path(str(other.train_args["output_dir"])).resolve()
+        if target in (out, out / "final") or (target.parent == out and target.name.startswith("checkpoint-")):
+            return path, other
+    return None
+
+
 class LocateError(FtError):
     """A run, model directory, adapter or base model that a command or a recipe names, and that cannot be found or
     used (exit code 2)."""

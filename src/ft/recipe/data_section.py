@@ -53,7 +53,10 @@ class ExactMatchSettings(Section):
     the end of ``ft train``; printed and recorded under ``exact_match`` in summary.json."""
 
     n: PositiveInt = Field(200, description="Held-out prompts to answer (the first n rows).")
-    max_new_tokens: PositiveInt = Field(8, description="Tokens generated per answer.")
+    max_new_tokens: Optional[PositiveInt] = Field(
+        None, description="Tokens generated per answer. Unset: the longest expected answer's, its end of turn "
+        "included, counted with the run's tokenizer before training; set below that, the run stops before training "
+        "and names the length needed (an answer cut short is scored wrong).")
     batch_size: PositiveInt = Field(64, description="Prompts generated together.")
     source: Optional[DataSource] = Field(
         None, description="Held-out rows to score instead of `data.eval` (e.g. {path: prompts-eval.jsonl, "

@@ -29,7 +29,7 @@ from ..outputs.summary import (
     write_log_history,
     write_summary,
 )
-from ..recipe import LoadedRecipe, Recipe, RecipeError
+from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
 from ..recipe.resolved import resolved_recipe_yaml
@@ -37,7 +37,7 @@ from ..trainers import distributed, preflight
 from ..trainers.build import TrainerInputs, build_trainer
 from ..trainers.hooks import Hooks, resolve_hooks
 from ..trainers.plugins import PluginError
-from . import hub, launch, ranks, signals
+from . import hub, inputs, launch, ranks, signals
 from .drift import check_drift
 
 
@@ -101,6 +101,7 @@ class _Run:
         self.prepared: data.PreparedData | None = None
         self.held_out = None  # the rows exact match scores after training (main process), or None
         self.answers_before = None  # the baseline's answers to them, for exact_match.jsonl
+        self.answer_tokens = 0  # the tokens each of those answers may take (``_answer_tokens``)
         self.benchmarks: in_run.InRun | None = None  # the recipe's benchmarks, checked (main process), or None
         self.benchmarks_before: dict | None = None  # their scores of the model as loaded
         self.stop_wait = 0  # seconds one process waits after a stop signal before it saves (signals.jit_kill_wait)
@@ -145,7 +146,8 @@ def _check_machine(run: _Run) -> None:
     recipe = run.recipe
     run.hw = hardware.probe()
     problems = (hardware.check_hardware(recipe, run.hw, ranks.world_size()) + hub.check_hub(recipe)
-                + hub.check_reads(recipe) + loading.gguf_problems(recipe.model))
+                + hub.check_reads(recipe) + loading.gguf_problems(recipe.model)
+                + inputs.missing_data(run.loaded))
     if not problems and run.main:  # the repository a pushing run writes to, created before anything loads
         problems = hub.check_push(recipe)
     if problems:
@@ -205,6 +207,29 @@ def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
         run.say(f"ft: resuming from {run.resume_from}")
 
 
+def _answer_tokens(run: _Run, settings) -> int:
+    """The tokens exact match lets each answer take: ``max_new_tokens`` where the recipe sets it, else the longest
+    expected answer's with its end of turn (``exact_match.answer_tokens``). Set shorter than that answer, the run
+    stops here, before training: that answer would be cut short and scored wrong before and after training, however
+    well the model answers, and nothing would say why."""
+    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
+    needed, index = exact_match.answer_tokens(model, run.trainer.processing_class, run.held_out)
+    if settings.max_new_tokens is None:
+        run.say(f"ft: exact match: answers may take {needed} tokens (the longest expected answer, its end of turn "
+                "included; data.eval_exact_match.max_new_tokens sets it)")
+        return needed
+    if settings.max_new_tokens < needed:
+        answer = run.held_out[index].answer
+        shown = answer if isinstance(answer, str) else exact_match.call_text(answer)
+        raise run.loaded.error([Problem(
+            "data.eval_exact_match.max_new_tokens",
+            f"is {settings.max_new_tokens}, and the expected answer of held-out row {index + 1} ({shown[:80]!r}) is "
+            f"{needed} tokens for this model's tokenizer, its end of turn included: it would be cut short and scored "
+            f"wrong before and after training, however well the model answers. Set it to at least {needed}, or "
+            "remove it (ft then allows the longest expected answer's length).")])
+    return settings.max_new_tokens
+
+
 def _score_before_training(run: _Run) -> None:
     """With ``data.eval_exact_match``: its rows read now (a source without answers fails before training), and the
     baseline scored as the trained model will be (not on a resume: its loaded weights are not its start)."""
@@ -213,7 +238,9 @@ def _score_before_training(run: _Run) -> None:
     calls = exact_match.reads_calls(run.trainer.processing_class)  # rows answered by tool calls are scored
     run.held_out = exact_match.held_out_rows(run.recipe, settings.n, seeing, calls, run.say) \
         if run.main and settings is not None else None
-    baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.say) \
+    if run.held_out is not None:
+        run.answer_tokens = _answer_tokens(run, settings)
+    baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.answer_tokens, run.say) \
         if not run.resume_from else None
     run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
@@ -377,7 +404,8 @@ def _finish(run: _Run) -> RunResult:
     summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=run.seconds,
                         final_eval=final_eval, extra=run.extra())
     if run.held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
-        summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out, run.say)
+        summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out, run.answer_tokens,
+                                                            run.say)
         if summary["exact_match"] is not None:
             exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], run.answers_before)
     if run.benchmarks is not None:

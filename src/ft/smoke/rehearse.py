@@ -39,6 +39,7 @@ from pathlib import Path
 from ..data import DataError
 from ..machine import hardware
 from ..model.loading import named_tokens, names_a_path
+from ..model.locate import writer_of
 from ..outputs.lock import LOCK_NAME
 from ..outputs.summary import write_summary
 from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError, load_recipe
@@ -456,16 +457,12 @@ def _producer(name: str, base_dir: Path, depth: int = 3) -> tuple[str, ModelSect
     target = (base_dir / Path(name).expanduser()).resolve()
     if target.exists():
         return _trained_run(target, depth)
-    for path in sorted(base_dir.glob("*.y*ml")):
-        try:
-            other = load_recipe(path).recipe
-        except Exception:  # a recipe that does not load writes nothing
-            continue
-        out = Path(str(other.train_args["output_dir"])).resolve()
-        if target in (out, out / "final") or (target.parent == out and target.name.startswith("checkpoint-")):
-            deeper = _producer(other.model.name, path.resolve().parent, depth - 1)
-            return f"does not exist yet; it is what {path} writes", deeper[1] if deeper else other.model
-    return None
+    writer = writer_of(target, base_dir)
+    if writer is None:
+        return None
+    path, other = writer
+    deeper = _producer(other.model.name, path.resolve().parent, depth - 1)
+    return f"does not exist yet; it is what {path} writes", deeper[1] if deeper else other.model
 
 
 def _trained_run(path: Path, depth: int) -> tuple[str, ModelSection] | None:
