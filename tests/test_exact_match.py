@@ -149,7 +149,16 @@ def test_the_model_as_loaded_is_scored_first_unless_the_run_resumes(write_recipe
     lines = [line for line in result.stderr.splitlines() if line.startswith("ft: exact match on 20")]
     assert len(lines) == 2
     assert re.search(r"ft: exact match: answers may take \d+ tokens \(the longest expected answer", result.stderr)
+    # both passes are phases of their own, in summary.json and in the console's total (they were in neither)
+    phases = summary["phase_seconds"]
+    assert phases["exact_match_before"] > 0 and phases["exact_match"] > 0
+    assert sum(seconds for seconds in phases.values() if seconds is not None) <= summary["wall_seconds"]
+    done = re.search(r"ft: done in ([\d.]+)s \((.*)\); model in", result.stderr)
+    assert done and "exact_match_before" in done.group(2) and "exact_match " in done.group(2)
+    assert float(done.group(1)) >= phases["exact_match_before"] + phases["train"] + phases["exact_match"]
     assert lines[0].startswith("ft: exact match on 20 held-out prompts before training: 0 (0 right)")
+    card = (tmp_path / "out" / "README.md").read_text()  # written at the checkpoint saves: ft's card, not TRL's
+    assert f"Fine-tuned from a model of `{ASSETS}`'s config with random weights" in card and "None" not in card
     answers = [json.loads(line) for line in (tmp_path / "out" / "exact_match.jsonl").read_text().splitlines()]
     assert len(answers) == 20 and {"prompt", "expected", "before", "after"} == set(answers[0])
     report = run_ft("report", str(tmp_path / "out"))

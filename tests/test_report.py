@@ -108,7 +108,9 @@ def _assert_contract(summary: dict) -> None:
     assert summary["peak_memory_gb"] > 0 and summary["peak_memory_source"] == "process_max_rss"  # no GPU here
     assert summary["min_train_loss"] <= min(summary["first_train_loss"], summary["last_train_loss"])
     phases = summary["phase_seconds"]
-    assert list(phases) == ["prepare_data", "load_model", "train", "evaluate", "save"]
+    assert list(phases) == ["prepare_data", "load_model", "exact_match_before", "benchmarks_before", "train",
+                            "evaluate", "save", "exact_match", "benchmarks"]
+    assert phases["exact_match"] is None and phases["benchmarks"] is None  # the recipe asks for neither
     assert phases["prepare_data"] > 0 and phases["load_model"] > 0
     assert sum(value for value in phases.values() if value is not None) <= summary["wall_seconds"]
     assert set(summary["versions"]) == {"python", "ft", "torch", "transformers", "trl", "peft", "accelerate",

@@ -40,8 +40,11 @@ def last_eval(log_history: list[dict]) -> dict | None:
     return next((entry for entry in reversed(log_history) if "eval_loss" in entry), None)
 
 
-# the phases of ``ft train`` timed in summary.json's ``phase_seconds`` (None: the phase did not run to its end)
-PHASES = ("prepare_data", "load_model", "train", "evaluate", "save")
+# the phases of ``ft train`` timed in summary.json's ``phase_seconds``, in the order they run (None: the phase did not
+# run to its end, or the recipe does not ask for it): the scoring passes before and after training included, which
+# can take minutes of their own
+PHASES = ("prepare_data", "load_model", "exact_match_before", "benchmarks_before", "train", "evaluate", "save",
+          "exact_match", "benchmarks")
 
 # the packages whose versions summary.json records (``ft`` itself: ``ft.__version__``)
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")

@@ -240,14 +240,18 @@ def _score_before_training(run: _Run) -> None:
         if run.main and settings is not None else None
     if run.held_out is not None:
         run.answer_tokens = _answer_tokens(run, settings)
-    baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.answer_tokens, run.say) \
-        if not run.resume_from else None
+    with _timed(run.phases, "exact_match_before"):
+        baseline = exact_match.before_training(run.recipe, run.trainer, run.held_out, run.answer_tokens, run.say) \
+            if not run.resume_from else None
+    if baseline is None:
+        run.phases["exact_match_before"] = None  # not scored: no time of its own
     run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
         run.facts["exact_match_before"] = baseline
     if run.benchmarks is not None and "before" in run.benchmarks.when and not run.resume_from:
         out = run.output_dir / "eval" / "before.json"
-        run.benchmarks_before = run.benchmarks.score(*_scored_model(run.trainer), out)
+        with _timed(run.phases, "benchmarks_before"):
+            run.benchmarks_before = run.benchmarks.score(*_scored_model(run.trainer), out)
         run.say(in_run.line(run.benchmarks_before, "before training"))
 
 
@@ -404,17 +408,27 @@ def _finish(run: _Run) -> RunResult:
     summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=run.seconds,
                         final_eval=final_eval, extra=run.extra())
     if run.held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
-        summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out, run.answer_tokens,
-                                                            run.say)
+        with _timed(phases, "exact_match"):
+            summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out,
+                                                                run.answer_tokens, run.say)
         if summary["exact_match"] is not None:
             exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], run.answers_before)
+        else:
+            phases["exact_match"] = None  # skipped (a sharded model): no time of its own
     if run.benchmarks is not None:
-        summary["benchmarks"] = _benchmarks(run)
+        with _timed(phases, "benchmarks"):
+            summary["benchmarks"] = _benchmarks(run)
     run.report(summary)
-    run.say(f"ft: done in {run.seconds:.1f}s; model in {output_dir / 'final'}")
+    run.say(f"ft: done in {time.perf_counter() - run.wall_started:.1f}s ({_phase_times(phases)}); model in "
+            f"{output_dir / 'final'}")
     if run.main and trainer.args.push_to_hub:
         _push(trainer, output_dir, summary, run.say)
     return RunResult("completed", output_dir, summary)
+
+
+def _phase_times(phases: dict) -> str:
+    """``prepare_data 3.1s, load_model 12.0s, train 600.2s, …``: the phases that ran, as summary.json times them."""
+    return ", ".join(f"{name} {seconds:.1f}s" for name, seconds in phases.items() if seconds is not None)
 
 
 def _benchmarks(run: _Run) -> dict:

@@ -30,6 +30,7 @@ from ..model import adapters
 from ..recipe import Recipe
 from ..recipe.methods import METHODS, MethodSection
 from ..recipe.optimizers import traits
+from .card import card_facts
 from .hooks import Hooks
 from .optimization import optimization_for
 
@@ -91,8 +92,8 @@ def trl_config(config_class, recipe: Recipe, defaults: Mapping[str, object], **f
 
 
 def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
-    """The constructor arguments every ft trainer takes (TRL's, and ``FtTrainerMixin``'s ``ft_optimization`` and
-    ``ft_preflight``)."""
+    """The constructor arguments every ft trainer takes (TRL's, and ``FtTrainerMixin``'s ``ft_optimization``,
+    ``ft_preflight`` and ``ft_card``)."""
     return {
         "model": inputs.model,
         "args": config,
@@ -103,6 +104,7 @@ def trainer_kwargs(recipe: Recipe, inputs: TrainerInputs, config) -> dict:
         "callbacks": [*inputs.hooks.callbacks, *inputs.callbacks],
         "ft_optimization": optimization_for(recipe, inputs.hooks, config.learning_rate, inputs.optimizer_defaults),
         "ft_preflight": inputs.preflight,
+        "ft_card": card_facts(recipe),
     }
 
 

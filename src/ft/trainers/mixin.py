@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from . import resume_weights
 from .optimization import Optimization, build_scheduler, check_groups_match, param_groups
@@ -38,7 +39,9 @@ class FtTrainerMixin:
     _ft_peak_floor = 0  # the process's memory peak before the probe reset the counter (bytes)
     ft_stream_failure: Exception | None = None  # a streamed source failed: training stopped with a checkpoint
 
-    def __init__(self, *args, ft_optimization: Optimization | None = None, ft_preflight=None, **kwargs):
+    def __init__(self, *args, ft_optimization: Optimization | None = None, ft_preflight=None, ft_card=None,
+                 **kwargs):
+        self.ft_card = ft_card  # trainers.card.CardFacts: what README.md says of the run (before TRL's init saves)
         super().__init__(*args, **kwargs)
         self.ft_preflight, self._ft_preflight_pending = ft_preflight, ft_preflight is not None
         self.ft_optimization = ft_optimization = ft_optimization or Optimization()
@@ -99,6 +102,21 @@ class FtTrainerMixin:
         if state is None:
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         self._issue_warnings_after_load(target.load_state_dict(state, False))
+        return None
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None) -> None:
+        """README.md in the output directory, at each checkpoint save and before a push: ft's card
+        (``trainers.card``), which names the base as the recipe does, where TRL's names a local, GGUF or
+        random-init base ``None``. A trainer built without the recipe's facts writes TRL's."""
+        if self.ft_card is None:
+            return super().create_model_card(model_name, dataset_name, tags)
+        if not self.is_world_process_zero():
+            return None
+        from .card import write_card
+
+        name = model_name or Path(self.args.output_dir).name
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        write_card(self.ft_card, Path(self.args.output_dir), name, type(self).__name__, tags)
         return None
 
     def push_to_hub(self, *args, **kwargs) -> None:
