@@ -246,3 +246,31 @@ def _remove_log_filters() -> None:
             for existing in list(logger.filters):
                 if isinstance(existing, notices._MessageFilter):
                     logger.removeFilter(existing)
+
+
+def test_a_heartbeat_after_the_first_step_and_every_minute_without_a_line(tmp_path):
+    """Logging every 10 steps at 30 s a step, a run once said nothing for five minutes (issue 47, item 5): a line
+    after the first step, then one whenever a minute passes without a line, each with the time per step and the time
+    left; none where a log line follows the step anyway. (Clock and steps are the callback's inputs here: the
+    trainer calls it the same way at each step's end.)"""
+    import io
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    now = [0.0]
+    out = io.StringIO()
+    console = ConsoleCallback(stream=out, clock=lambda: now[0])
+    args = TrainingArguments(output_dir=str(tmp_path), logging_steps=10, report_to=[], disable_tqdm=True)
+    state, control = TrainerState(max_steps=400, logging_steps=10), TrainerControl()
+    console.on_train_begin(args, state, control)
+    for step in range(1, 13):
+        now[0] += 30.0
+        state.global_step = step
+        console.on_step_end(args, state, control)
+        if step == 10:
+            console.on_log(args, state, control, logs={"loss": 1.0, "learning_rate": 1e-3})
+    lines = out.getvalue().splitlines()
+    assert lines == ["step   1/400  30.0 s/step  left 3h19m", "step   3/400  30.0 s/step  left 3h18m",
+                     "step   5/400  30.0 s/step  left 3h17m",
+                     "step   7/400  30.0 s/step  left 3h16m", "step   9/400  30.0 s/step  left 3h15m",
+                     "step  10/400  loss 1.000  lr 1.0e-03", "step  12/400  30.0 s/step  left 3h14m"]

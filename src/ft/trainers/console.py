@@ -16,6 +16,11 @@ the detail families (``logits/…``, ``logps/…``, chosen/rejected rewards). Ev
 trackers (``train.report_to``) and to ``trainer_state.json``'s log history. A tqdm bar counts the training steps
 when stderr is a terminal; piped (and with ``TQDM_DISABLE=1`` or ``train.disable_tqdm: true``) only the lines are
 written. The bars of data preparation are datasets' own and are left alone.
+
+A heartbeat says the run is alive whatever ``logging_steps`` says: after the first step, and whenever a minute of
+training passes without a line, one line with the step, the time per step and the time left at that pace:
+
+    step   1/400  31.2 s/step  left 3h27m
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
+from collections.abc import Callable
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
@@ -43,6 +50,7 @@ LABELLED = frozenset(figure.key for method in METHODS.values() for figure in met
 EVAL_HIDDEN = {"runtime", "samples_per_second", "steps_per_second", "num_tokens", "entropy", "epoch"}
 # the train summary transformers logs once training ends
 SUMMARY_KEYS = ("train_runtime", "train_loss")
+HEARTBEAT_SECONDS = 60.0  # the longest training goes without a console line
 
 
 def labels(method: str | None) -> dict[str, tuple[str, str | None]]:
@@ -73,12 +81,15 @@ def wants_bar(disable_tqdm: bool | None, stream=None) -> bool:
 class ConsoleCallback(TrainerCallback):
     """One line per log event on stderr (main process only), above a tqdm bar of the steps on a terminal."""
 
-    def __init__(self, stream=None, method: str | None = None):
+    def __init__(self, stream=None, method: str | None = None, clock: Callable[[], float] = time.monotonic):
         self.stream = stream  # None: sys.stderr as it is when writing (tests and tools swap it)
         self.method = method  # whose headline figures the lines carry
+        self.clock = clock  # seconds, for the heartbeat (tests hand their own)
         self.bar = None
         self.eval_bar = None
         self.start_step = 0  # the step training (re)started from: the summary counts this run's steps
+        self.started = 0.0  # when training (re)started, by ``clock``
+        self.last_line = 0.0  # when the last line was written, by ``clock``
 
     @property
     def _out(self):
@@ -86,6 +97,7 @@ class ConsoleCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start_step = state.global_step
+        self.started = self.last_line = self.clock()
         if state.is_world_process_zero and wants_bar(args.disable_tqdm, self._out):
             from tqdm.auto import tqdm
 
@@ -95,6 +107,14 @@ class ConsoleCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:
             self.bar.update(state.global_step - self.bar.n)
+        if not state.is_world_process_zero:
+            return
+        now, done = self.clock(), state.global_step - self.start_step
+        every = max(int(state.logging_steps or 0), 1)
+        logs_now = (args.logging_strategy == "steps" and state.global_step % every == 0) or (
+            args.logging_first_step and state.global_step == 1)  # its own line follows this step at once
+        if done >= 1 and not logs_now and (done == 1 or now - self.last_line >= HEARTBEAT_SECONDS):
+            self._write(heartbeat_line(state.global_step, state.max_steps, done, now - self.started))
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         if self.bar is None or not state.is_world_process_zero:
@@ -133,6 +153,7 @@ class ConsoleCallback(TrainerCallback):
             self.eval_bar = None
 
     def _write(self, line: str) -> None:
+        self.last_line = self.clock()
         if self.bar is not None:
             from tqdm.auto import tqdm
 
@@ -151,6 +172,24 @@ def format_log(logs: dict, step: int, max_steps: int, start_step: int = 0, metho
     if evaluation:
         return f"{where}  eval  {_fields(evaluation, shown, shown_rest=True)}".rstrip()
     return f"{where}  {_fields(logs, shown, shown_rest=False) or _fields(logs, shown, shown_rest=True)}".rstrip()
+
+
+def heartbeat_line(step: int, max_steps: int, done: int, seconds: float) -> str:
+    """``step   1/400  31.2 s/step  left 3h27m``: ``done`` steps of this run took ``seconds``; the time left is the
+    steps left at that pace."""
+    where = f"step {step:>{len(str(max_steps))}}/{max_steps}" if max_steps else f"step {step}"
+    each = seconds / done
+    pace = f"{each:.1f} s/step" if each >= 1 else f"{1 / each:.1f} steps/s" if each > 0 else ""
+    left = f"  left {_duration(each * (max_steps - step))}" if max_steps and max_steps > step else ""
+    return f"{where}  {pace}{left}".rstrip()
+
+
+def _duration(seconds: float) -> str:
+    """3h27m, 12m05s, 42s."""
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _fields(logs: dict, shown: dict[str, tuple[str, str | None]], *, shown_rest: bool) -> str:
