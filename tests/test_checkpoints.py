@@ -440,3 +440,57 @@ def test_a_final_dir_is_judged_by_the_weights_it_holds(saved_run, tmp_path):
     assert final_problem(final).startswith("model.safetensors does not read back")
     (final / "model.safetensors").unlink()
     assert final_problem(final).startswith("holds no weights")
+
+
+HELD_IMPORT = """
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+HERE = Path(__file__).parent
+if (HERE / "hold").exists():  # imported while ft prepares the run: say so, then stay until a signal ends the run
+    (HERE / "held").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.01)
+
+
+class Quiet(TrainerCallback):
+    pass
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_before_the_first_step_says_where_and_the_rerun_starts_over(write_recipe, tmp_path, signum):
+    """A stop while the run is being prepared (here: importing the recipe's code, which a callback module holds) once
+    ended ft with a bare 143 and no summary (issue 47, item 11). Now: one line naming the signal and the phase, a
+    summary.json ``stopped`` with ``stopped_in``, exit 128 + the signal, no traceback; the same command then says
+    it starts over, and trains."""
+    (tmp_path / "held_import.py").write_text(HELD_IMPORT)
+    (tmp_path / "hold").write_text("")
+    out = tmp_path / "out"
+    recipe = tiny_sft(out)
+    recipe["callbacks"] = [{"cls": "held_import:Quiet"}]
+    args = ["train", str(write_recipe(recipe))]
+    process = start_ft(*args)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "held").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run never imported the callback"
+        time.sleep(0.05)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=300)
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert f"ft: stopped by {name} while importing the recipe's code, before the first step" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["stopped_by"] == name and summary["steps"] == 0
+    assert summary["stopped_in"] == "importing the recipe's code" and summary["checkpoint"] is None
+
+    (tmp_path / "hold").unlink()
+    again = run_ft(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"was stopped by {name} while importing the recipe's code, before its first step; it left no " \
+        "checkpoint, so this run starts over" in again.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"

@@ -102,6 +102,37 @@ class StopWatch:
         return False
 
 
+class StoppedBeforeTraining(BaseException):
+    """A stop signal came before the first step (``StopsBeforeTraining``). A BaseException, as KeyboardInterrupt is:
+    code that catches ``Exception`` to carry on (a cache that cannot be written) does not swallow the stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+class StopsBeforeTraining:
+    """While open (the machine checks, the data, the model, the baseline scores: nothing to checkpoint yet), SIGTERM
+    and SIGINT raise ``StoppedBeforeTraining`` in the main thread where Python next runs, so the run ends with a
+    message and a summary instead of the bare exit 143 (or a KeyboardInterrupt traceback) that the default handlers
+    give. The handlers before are put back as it closes."""
+
+    def __enter__(self):
+        self._previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise StoppedBeforeTraining(signum)
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
+
+
 def stopped_early(global_step: int, max_steps: int, received: int | None) -> bool:
     """True when training ended early after a stop signal: ``checkpoint-<global_step>`` was then saved at the step end
     it stopped at. A signal in the last moments of a run that still reached ``max_steps`` leaves it completed."""

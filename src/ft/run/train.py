@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -65,12 +66,20 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     (``_output_dir_held``): a second run into it is refused."""
     run = _Run(loaded, say, command or f"ft train {loaded.source}")
     with _output_dir_held(run):
-        _check_machine(run)
-        run.benchmarks = in_run.prepare(run.recipe.benchmarks, run.main)  # tasks checked before anything loads
-        hooks = _resolve_hooks(run)
-        _resolve_resume(run, resume, overwrite)
-        _prepare(run, hooks, callbacks)
-        _score_before_training(run)
+        try:
+            with signals.StopsBeforeTraining():
+                run.phase = "checking the machine"
+                _check_machine(run)
+                run.benchmarks = in_run.prepare(run.recipe.benchmarks, run.main)  # tasks checked before any load
+                run.phase = "importing the recipe's code"
+                hooks = _resolve_hooks(run)
+                _resolve_resume(run, resume, overwrite)
+                run.phase = PREPARING
+                _prepare(run, hooks, callbacks)
+                run.phase = "scoring the model before training"
+                _score_before_training(run)
+        except signals.StoppedBeforeTraining as stop:
+            return _stopped_before_training(run, stop.signum)
         watchdog = _disk_guard(run)
         with _failure_recorded(run):
             watch = _train_under_stop_watch(run, watchdog)
@@ -80,6 +89,9 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
             if run.trainer.ft_stream_failure is not None:
                 return _stream_failed(run)
             return _finish(run)
+
+
+PREPARING = "preparing the data and loading the model"  # ``_Run.phase`` while prepare_trainer runs
 
 
 class _Run:
@@ -105,6 +117,7 @@ class _Run:
         self.benchmarks: in_run.InRun | None = None  # the recipe's benchmarks, checked (main process), or None
         self.benchmarks_before: dict | None = None  # their scores of the model as loaded
         self.stop_wait = 0  # seconds one process waits after a stop signal before it saves (signals.jit_kill_wait)
+        self.phase = "starting"  # what the run is doing before its first step, for a stop that comes then
         self.started = 0.0  # when training started (perf_counter)
         self.seconds = 0.0  # training's seconds, once it ends
 
@@ -173,6 +186,8 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
     with ranks.main_process_first(cpu=not run.hw.cuda):  # with --overwrite the main process clears, others find it so
         resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and run.main)
     run.resume_from = resumed.path
+    if run.resume_from is None and not overwrite:
+        _said_before(run)
     for item in resumed.passed_over:
         say(f"ft: passing over a checkpoint that does not read back: {item.render()}")
     if resumed.final_problem:
@@ -373,6 +388,36 @@ def _stopped_by_signal(run: _Run, signum: int) -> RunResult:
     run.say(f"ft: stopped by {name} at step {state.global_step} of {state.max_steps}; saved "
             f"{summary['checkpoint']} ({after}). To resume from it, run the same command again: {run.command}")
     return RunResult("stopped", run.output_dir, summary, signum)
+
+
+def _stopped_before_training(run: _Run, signum: int) -> RunResult:
+    """A stop signal came before the first step: nothing was trained and there is no checkpoint. summary.json says
+    ``stopped`` and in which phase (``stopped_in``), one line says so, and the run exits 128 + the signal's number;
+    the same command starts the run over (``_said_before``)."""
+    name = signals.signal_name(signum)
+    if run.phase == PREPARING:  # prepare_trainer times the data, then the model
+        run.phase = "loading the model" if run.phases["prepare_data"] is not None else "preparing the data"
+    summary = summarize("stopped", [], steps=0, train_seconds=0.0, final_eval=None)
+    summary.update(stopped_by=name, stopped_in=run.phase, checkpoint=None, resume_command=run.command)
+    if run.main:
+        run.output_dir.mkdir(parents=True, exist_ok=True)
+        write_summary(run.output_dir, {**summary, **run.facts, "phase_seconds": run.phases,
+                                       "wall_seconds": round(time.perf_counter() - run.wall_started, 3)})
+    run.say(f"ft: stopped by {name} while {run.phase}, before the first step: nothing was trained and no checkpoint "
+            f"was saved. Run the same command to start over: {run.command}")
+    return RunResult("stopped", run.output_dir, summary, signum)
+
+
+def _said_before(run: _Run) -> None:
+    """A fresh start where the last run in the output directory was stopped before its first step says so: that run
+    left nothing to resume from, so this one starts over."""
+    try:
+        previous = json.loads((run.output_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return
+    if previous.get("status") == "stopped" and previous.get("stopped_in") and not previous.get("steps"):
+        run.say(f"ft: the last run in {run.output_dir} was stopped by {previous.get('stopped_by')} while "
+                f"{previous['stopped_in']}, before its first step; it left no checkpoint, so this run starts over")
 
 
 def _stream_failed(run: _Run) -> RunResult:
