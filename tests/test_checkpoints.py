@@ -494,3 +494,36 @@ def test_a_stop_before_the_first_step_says_where_and_the_rerun_starts_over(write
     assert f"was stopped by {name} while importing the recipe's code, before its first step; it left no " \
         "checkpoint, so this run starts over" in again.stderr
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_what_its_stopped_part_measured(write_recipe, tmp_path):
+    """Stopped by SIGTERM, then resumed: the baseline exact match the first part scored (which a resume cannot score
+    again: its weights are not the start) stays in summary.json and exact_match.jsonl, and the parts' times are kept
+    (``earlier_parts``), which ``ft report`` sums, marking the run as trained in two parts (issue 47, item 9)."""
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=150)  # the stop comes 3 s after the signal: steps of >= 50 ms leave room
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    recipe["data"]["eval_exact_match"] = {"n": 8}
+    args = ["train", str(write_recipe(recipe))]
+    process, stderr = _stop(args, out, 5)
+    assert process.returncode == 143, stderr[-3000:]
+    stopped = json.loads((out / "summary.json").read_text())
+    baseline = stopped["exact_match_before"]
+    before = [json.loads(line)["before"] for line in (out / "exact_match.jsonl").read_text().splitlines()]
+    assert baseline["n"] == len(before) == 8
+
+    (out / "hold-at").unlink()  # the resumed part runs to its end
+    resumed = run_ft(*args)
+    assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exact_match_before"] == baseline and summary["exact_match"]["n"] == 8
+    lines = [json.loads(line) for line in (out / "exact_match.jsonl").read_text().splitlines()]
+    assert [line["before"] for line in lines] == before and all("after" in line for line in lines)
+    (part,) = summary["earlier_parts"]
+    assert part["steps"] == stopped["steps"] and part["stopped_by"] == "SIGTERM"
+    assert part["train_seconds"] == stopped["train_seconds"]
+    report = run_ft("report", str(out)).stdout
+    assert re.search(r"status +completed, in 2 parts", report), report
+    assert re.search(r"exact match before +[\d.]+ \(n=8, ended [\d.]+\)", report), report

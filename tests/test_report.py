@@ -218,7 +218,7 @@ def test_report_shows_two_runs_side_by_side_with_the_recipe_key_that_differs(two
     assert rows["optimizer.lr"] == ["0.003", "0.001"]
     assert "train.output_dir" not in result.stdout  # differs by design
     for row in ("train loss (first)", "train loss (last)", "train loss (min)", "eval loss", "tokens/s",
-                "peak memory (GB)", "wall time", "eval mean_token_accuracy", "headline token_accuracy"):
+                "peak memory (GiB)", "wall time", "eval mean_token_accuracy", "headline token_accuracy"):
         assert row in rows, row
     first_summary = _summary(first)
     assert rows["eval loss"][0] == f"{first_summary['eval_loss']:.4g}"

@@ -277,20 +277,26 @@ def _scored(recipe, trainer, rows, max_new_tokens: int, say, when: str) -> dict 
     return result
 
 
-def write_answers(path, after: dict, before: list[dict] | None) -> None:
+ANSWERS = "exact_match.jsonl"  # in the output directory: every held-out row's answers (``write_answers``)
+
+
+def write_answers(path, after: dict | None, before: list[dict] | None) -> None:
     """``exact_match.jsonl``: each held-out row's prompt, expected answer and greedy answer after training (and
     before, from the ``answers`` of the score before training), so what training changed can be read row by row.
-    Takes the ``answers`` out of ``after`` (summary.json keeps the first few as ``examples``). Written whole or not at
-    all (``outputs.disk.write_whole``): a full disk leaves no file cut short."""
+    Takes the ``answers`` out of ``after`` (summary.json keeps the first few as ``examples``). ``after`` None: the
+    baseline alone, written as soon as it is scored, so that a run stopped and resumed keeps it. Written whole or not
+    at all (``outputs.disk.write_whole``): a full disk leaves no file cut short."""
     import json
     from pathlib import Path
 
     from ..outputs.disk import write_whole
 
-    answers = after.pop("answers")
+    answers = after.pop("answers") if after is not None else before
     lines = []
     for i, row in enumerate(answers):
-        line = {"prompt": row["prompt"], "expected": row["expected"], "after": row["got"]}
+        line = {"prompt": row["prompt"], "expected": row["expected"]}
+        if after is not None:
+            line["after"] = row["got"]
         if before is not None:
             line["before"] = before[i]["got"]
         lines.append(json.dumps(line, ensure_ascii=False) + "\n")

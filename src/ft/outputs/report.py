@@ -223,9 +223,9 @@ def _rows(runs: list[Run]):
     yield "tokens/s", each("tokens_per_second"), True
     yield "samples/s", each("samples_per_second"), False
     yield "padding efficiency", each("padding_efficiency"), False
-    yield "peak memory (GB)", each("peak_memory_gb"), True
-    yield "train time", [_duration(value) for value in each("train_seconds")], False
-    yield "wall time", [_duration(value) for value in each("wall_seconds")], True
+    yield "peak memory (GiB)", each("peak_memory_gb"), True  # GiB, as summary.json's peak_memory_gb
+    yield "train time", [_duration(_all_parts(summary, "train_seconds")) for summary in summaries], False
+    yield "wall time", [_duration(_all_parts(summary, "wall_seconds")) for summary in summaries], True
     headlines = [summary.get("headline") or {} for summary in summaries]
     names = dict.fromkeys(name for found in headlines for name in found if name != "source")
     for name in names:
@@ -240,8 +240,20 @@ def _rows(runs: list[Run]):
 
 
 def _status(run: Run) -> str:
+    """``completed``, ``stopped (SIGTERM)``; a run resumed after stops says how many parts it trained in."""
     stopped_by = run.summary.get("stopped_by")
-    return f"{run.status} ({stopped_by})" if run.status == "stopped" and stopped_by else run.status
+    status = f"{run.status} ({stopped_by})" if run.status == "stopped" and stopped_by else run.status
+    earlier = run.summary.get("earlier_parts") or []
+    return f"{status}, in {len(earlier) + 1} parts" if earlier else status
+
+
+def _all_parts(summary: dict, key: str):
+    """``key`` (train or wall seconds) summed over the run's parts: a resumed run's summary counts only the part
+    after its resume, and lists the parts before it (``earlier_parts``)."""
+    value = summary.get(key)
+    if not isinstance(value, int | float):
+        return value
+    return value + sum(part.get(key) or 0 for part in summary.get("earlier_parts") or [])
 
 
 def _failure(failure) -> str | None:
@@ -259,9 +271,11 @@ def _headline_figure(found: dict, name: str) -> str | None:
 
 
 def _exact_match(result) -> str | None:
+    """``0.965 (n=200, ended 1)``: the share right, of how many, and the share that ended their turn themselves."""
     if not isinstance(result, dict) or result.get("exact_match") is None:
         return None
-    return f"{_cell(result['exact_match'])} (n={result.get('n', '?')})"
+    ended = f", ended {_cell(result['ended_turn'])}" if result.get("ended_turn") is not None else ""
+    return f"{_cell(result['exact_match'])} (n={result.get('n', '?')}{ended})"
 
 
 def _benchmark(found: dict, task: str, metric: str) -> str | None:

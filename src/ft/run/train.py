@@ -114,6 +114,7 @@ class _Run:
         self.held_out = None  # the rows exact match scores after training (main process), or None
         self.answers_before = None  # the baseline's answers to them, for exact_match.jsonl
         self.answer_tokens = 0  # the tokens each of those answers may take (``_answer_tokens``)
+        self.carried_before: list[dict] | None = None  # a resumed run: the baseline's answers the stopped part wrote
         self.benchmarks: in_run.InRun | None = None  # the recipe's benchmarks, checked (main process), or None
         self.benchmarks_before: dict | None = None  # their scores of the model as loaded
         self.stop_wait = 0  # seconds one process waits after a stop signal before it saves (signals.jit_kill_wait)
@@ -203,6 +204,8 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
                  "peak_memory_source": "cuda_max_allocated" if run.hw.cuda else "process_max_rss",
                  "resumed_from": run.resume_from, "phase_seconds": run.phases, "versions": versions(),
                  "failure": None, "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
+    if run.resume_from:
+        _carry_over(run)
 
 
 def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
@@ -263,6 +266,9 @@ def _score_before_training(run: _Run) -> None:
     run.answers_before = baseline.pop("answers") if baseline is not None else None  # for exact_match.jsonl
     if baseline is not None:
         run.facts["exact_match_before"] = baseline
+        exact_match.write_answers(run.output_dir / exact_match.ANSWERS, None, run.answers_before)  # kept if stopped
+    elif run.held_out is not None and run.carried_before is not None and len(run.carried_before) == len(run.held_out):
+        run.answers_before = run.carried_before  # the stopped part's, for the same rows
     if run.benchmarks is not None and "before" in run.benchmarks.when and not run.resume_from:
         out = run.output_dir / "eval" / "before.json"
         with _timed(run.phases, "benchmarks_before"):
@@ -408,13 +414,37 @@ def _stopped_before_training(run: _Run, signum: int) -> RunResult:
     return RunResult("stopped", run.output_dir, summary, signum)
 
 
+def _previous_summary(run: _Run) -> dict:
+    """The summary.json the last run in the output directory left ({} where there is none that reads)."""
+    try:
+        found = json.loads((run.output_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _carry_over(run: _Run) -> None:
+    """A resumed run keeps what the parts before it measured: their steps and times (``earlier_parts``: ``ft
+    report`` sums them and marks the run resumed), and the baseline exact match they scored (the model as loaded at
+    the start, which a resume cannot score again), with its answers (``exact_match.jsonl``'s ``before``)."""
+    previous = _previous_summary(run)
+    if not previous:
+        return
+    part = {key: previous.get(key) for key in ("steps", "train_seconds", "wall_seconds", "stopped_by")}
+    run.facts["earlier_parts"] = [*(previous.get("earlier_parts") or []), part]
+    if previous.get("exact_match_before") is not None:
+        run.facts["exact_match_before"] = previous["exact_match_before"]
+        try:
+            lines = (run.output_dir / exact_match.ANSWERS).read_text().splitlines()
+            run.carried_before = [{"got": json.loads(line)["before"]} for line in lines]
+        except (OSError, ValueError, KeyError, TypeError):
+            run.carried_before = None  # the score is kept; its answers row by row are not
+
+
 def _said_before(run: _Run) -> None:
     """A fresh start where the last run in the output directory was stopped before its first step says so: that run
     left nothing to resume from, so this one starts over."""
-    try:
-        previous = json.loads((run.output_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return
+    previous = _previous_summary(run)
     if previous.get("status") == "stopped" and previous.get("stopped_in") and not previous.get("steps"):
         run.say(f"ft: the last run in {run.output_dir} was stopped by {previous.get('stopped_by')} while "
                 f"{previous['stopped_in']}, before its first step; it left no checkpoint, so this run starts over")
@@ -457,7 +487,7 @@ def _finish(run: _Run) -> RunResult:
             summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out,
                                                                 run.answer_tokens, run.say)
         if summary["exact_match"] is not None:
-            exact_match.write_answers(output_dir / "exact_match.jsonl", summary["exact_match"], run.answers_before)
+            exact_match.write_answers(output_dir / exact_match.ANSWERS, summary["exact_match"], run.answers_before)
         else:
             phases["exact_match"] = None  # skipped (a sharded model): no time of its own
     if run.benchmarks is not None:
