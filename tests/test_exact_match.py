@@ -11,6 +11,7 @@ import pytest
 from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
 from stand_in import Writer
 
+from ft.data import DataError
 from ft.inference.exact_match import HeldOut, answer_tokens, exact_match, held_out_rows, report_line
 from ft.outputs.summary import headline
 from ft.recipe import RecipeError, load_recipe
@@ -116,6 +117,42 @@ def test_held_out_rows_by_format(write_recipe, tmp_path):
                           3)
     pair = json.loads((DATA / "preference-eval.jsonl").read_text().splitlines()[0])
     assert (pairs[0].prompt, pairs[0].answer) == (pair["prompt"], pair["chosen"][0]["content"])
+
+
+def test_exact_match_by_group_reads_the_field_from_the_rows_as_written(write_recipe, tmp_path):
+    """``group_by``: a field of the held-out rows that their format does not keep (an instruction row's ``form``) is
+    read from the file as written, and exact match is given per value of it; a row without it is named by line."""
+    rows = [{"instruction": "Write the date in ISO 8601.", "input": text, "output": iso, "form": form}
+            for text, iso, form in [("5 March 2024", "2024-03-05", "day month"), ("March 5, 2024", "2024-03-05",
+                                    "month day"), ("7 June 2023", "2023-06-07", "day month")]]
+    held = tmp_path / "dates.jsonl"
+    held.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = tiny_sft(tmp_path / "out")
+    recipe["data"]["eval_exact_match"] = {"source": {"path": str(held), "format": "instruction"},
+                                          "group_by": "form"}
+    found = held_out_rows(load_recipe(write_recipe(recipe)).recipe)
+    assert [row.group for row in found] == ["day month", "month day", "day month"]
+    assert found[1].prompt == [{"role": "user", "content": "Write the date in ISO 8601.\n\nMarch 5, 2024"}]
+
+    tokenizer = _tokenizer()
+    echo = [HeldOut(row.prompt, str(2 + 2 * (i != 1)), group=row.group) for i, row in enumerate(found)]
+
+    class Fours(Writer):
+        def written(self, prompt: str) -> list[int]:
+            return self.tokenizer.encode("4", add_special_tokens=False) + [self.tokenizer.eos_token_id]
+
+    result = exact_match(Fours(tokenizer), tokenizer, echo, max_new_tokens=4)
+    assert result["groups"] == {"day month": {"exact_match": 1.0, "n": 2}, "month day": {"exact_match": 0.0, "n": 1}}
+
+    run = tmp_path / "run"  # ft report: a row per group under the exact match
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 1, "exact_match": result}))
+    report = run_ft("report", str(run)).stdout
+    assert re.search(r"\n  day month +1 \(n=2\)\n  month day +0 \(n=1\)", report), report
+
+    held.write_text(held.read_text() + json.dumps({**rows[0], "form": None}) + "\n")
+    with pytest.raises(DataError, match=rf"group_by: {held}:4 has no 'form' field"):
+        held_out_rows(load_recipe(write_recipe(recipe)).recipe)
 
 
 def test_exact_match_without_held_out_rows_is_a_recipe_error():

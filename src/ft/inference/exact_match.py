@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..data.rows import SOURCE, BadRows, DataError
+from ..data.rows import ROW, SOURCE, BadRows, DataError, locate
 from ..data.templates import render
 from ..model.loading import text_tokenizer
 
@@ -40,6 +40,7 @@ class HeldOut:
     answer: str | dict  # the expected text, or the expected assistant message when its tool calls are the answer
     images: tuple[str, ...] = ()  # a vision-language model's row: its images' paths (or URLs), in the prompt's order
     tools: list | None = None  # the tool definitions the template renders with a chat prompt (the row's, or data.tools)
+    group: str | None = None  # the row's value of ``data.eval_exact_match.group_by``, as text
 
 
 def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tokens: int = 8, batch_size: int = 64,
@@ -87,10 +88,24 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
         text_side.padding_side = side
         model.train(was_training)
     scored = [_score(text_side, row, got, prompt) for row, got, prompt in zip(rows, answers, prompts, strict=True)]
-    return {"exact_match": round(sum(right for right, _, _ in scored) / len(rows), 4) if rows else None,
-            "n": len(rows), "ended_turn": round(ended / len(rows), 4) if rows else None,
-            "examples": [{"prompt": _shown(row.prompt), "expected": expected, "got": got}
-                         for row, (_, expected, got) in zip(rows[:examples], scored, strict=False)]}
+    result = {"exact_match": round(sum(right for right, _, _ in scored) / len(rows), 4) if rows else None,
+              "n": len(rows), "ended_turn": round(ended / len(rows), 4) if rows else None,
+              "examples": [{"prompt": _shown(row.prompt), "expected": expected, "got": got}
+                           for row, (_, expected, got) in zip(rows[:examples], scored, strict=False)]}
+    if any(row.group is not None for row in rows):
+        result["groups"] = _by_group(rows, [right for right, _, _ in scored])
+    return result
+
+
+def _by_group(rows: Sequence[HeldOut], right: list[bool]) -> dict:
+    """``{value: {"exact_match", "n"}}`` for each ``group_by`` value, most rows first."""
+    counts: dict[str, list[int]] = {}
+    for row, ok in zip(rows, right, strict=True):
+        tally = counts.setdefault(str(row.group), [0, 0])
+        tally[0] += ok
+        tally[1] += 1
+    ordered = sorted(counts.items(), key=lambda item: (-item[1][1], item[0]))
+    return {group: {"exact_match": round(hits / n, 4), "n": n} for group, (hits, n) in ordered}
 
 
 def reads_calls(tokenizer) -> bool:
@@ -183,13 +198,17 @@ def held_out_rows(recipe, n: int | None = None, images: bool = False, calls: boo
                         "`data.eval_exact_match.source` (e.g. {path: held-out.jsonl, format: prompt}).")
     formats = [FORMATS[source.format] for source in sources]
     tools = recipe.data.tool_list
+    grouping = settings.group_by if settings is not None else None
+    groups = _group_values(recipe, sources, key, grouping) if grouping else None
     rows, unread = [], 0
     for row in dataset:
         held = formats[row[SOURCE]].prompt_and_answer(row, field)
         if held is not None and not calls and isinstance(held[1], dict):
             unread += 1
         elif held is not None:
-            rows.append(HeldOut(*held, images=tuple(row.get("images") or ()), tools=row.get("tools") or tools))
+            group = _group_of(groups, row, sources, key, grouping) if groups is not None else None
+            rows.append(HeldOut(*held, images=tuple(row.get("images") or ()), tools=row.get("tools") or tools,
+                                group=group))
             if n is not None and len(rows) == n:
                 break
     why = (f"; {unread} {'ends' if unread == 1 else 'end'} on a tool call, which the chat template has no response "
@@ -200,6 +219,31 @@ def held_out_rows(recipe, n: int | None = None, images: bool = False, calls: boo
     if unread and say is not None:
         say(f"ft: exact match: {unread} held-out {'row is' if unread == 1 else 'rows are'} not scored{why}")
     return rows
+
+
+def _group_values(recipe, sources, key: str, field: str) -> list[dict]:
+    """For each source, its rows' ``field`` by row number (``ROW``), read from the source as written: a canonical row
+    keeps only its format's columns, and the field that groups the rows (``group_by``) is usually another."""
+    from ..data.sources import read_source
+
+    values = []
+    for i, source in enumerate(sources):
+        raw = read_source(source, seed=recipe.data.seed, on_bad_row=recipe.data.on_bad_row, report=BadRows(),
+                          key=f"{key}.{i}" if key == "data.eval" else key)
+        column = raw[field] if field in raw.column_names else [None] * len(raw)
+        values.append(dict(zip(raw[ROW], column, strict=True)))
+    return values
+
+
+def _group_of(groups: list[dict], row, sources, key: str, field: str) -> str:
+    """The ``group_by`` value of a canonical row, as text; a row without one is a DataError naming the row."""
+    value = groups[row[SOURCE]].get(row[ROW])
+    if value is None:
+        source = sources[row[SOURCE]]
+        where = locate(source, [row[ROW]])[row[ROW]]
+        raise DataError(f"data.eval_exact_match.group_by: {where} has no {field!r} field ({key}), so its answer "
+                        f"cannot be counted in a group; give every held-out row a {field!r}, or remove group_by.")
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def answer_tokens(model, tokenizer, rows: Sequence[HeldOut]) -> tuple[int, int]:

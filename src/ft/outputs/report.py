@@ -232,6 +232,9 @@ def _rows(runs: list[Run]):
         yield f"headline {name}", [_headline_figure(found, name) for found in headlines], False
     yield "exact match before", [_exact_match(summary.get("exact_match_before")) for summary in summaries], False
     yield "exact match", [_exact_match(summary.get("exact_match")) for summary in summaries], False
+    grouped = [(summary.get("exact_match") or {}).get("groups") or {} for summary in summaries]
+    for group in dict.fromkeys(name for found in grouped for name in found):  # data.eval_exact_match.group_by
+        yield f"  {group}", [_exact_match(found.get(group)) for found in grouped], False
     benchmarks = [summary.get("benchmarks") or {} for summary in summaries]
     scored = dict.fromkeys((task, metric) for found in benchmarks for moment in ("before", "end")
                            for task, values in (found.get(moment) or {}).items() for metric in values)

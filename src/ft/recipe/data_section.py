@@ -62,6 +62,10 @@ class ExactMatchSettings(Section):
         None, description="Held-out rows to score instead of `data.eval` (e.g. {path: prompts-eval.jsonl, "
         "format: prompt} for GRPO): chat (last assistant turn), preference (chosen), prompt (`field`), text.")
     field: StrictStr = Field("answer", description="`prompt` rows: the field holding the expected answer.")
+    group_by: Optional[StrictStr] = Field(
+        None, description="A field of the held-out rows (as written in the data file, any format): exact match is "
+        "also given per value of it (summary.json `groups`, `ft report`), e.g. the input's form, to see where the "
+        "misses are.")
     before: StrictBool = Field(
         True, description="Also score the model as loaded, before training (summary.json `exact_match_before`): the "
         "baseline the trained figure is read against. Skipped when the run resumes from a checkpoint.")
