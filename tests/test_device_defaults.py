@@ -108,3 +108,26 @@ def test_train_refuses_cuda_only_settings_before_loading(write_recipe, tmp_path)
     assert f"{path}:{line}: train.fp16:" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
     assert yaml.safe_load(path.read_text())  # the recipe itself is fine; only this machine can't run it
+
+
+def test_a_busy_cpu_is_said_with_the_thread_count_that_helps():
+    """Other processes keeping the cores busy make torch's threads wait on each other (issue 47, item 12): said at
+    the start, with the OMP_NUM_THREADS that fits the idle cores; nothing on an idle machine or with one thread."""
+    busy = hardware.busy_cpu_notice(load=2.6, cores=2, threads=2)
+    assert busy and "load average 2.6 on 2 cores" in busy and "OMP_NUM_THREADS=1" in busy
+    assert "OMP_NUM_THREADS=4" in hardware.busy_cpu_notice(load=4.0, cores=8, threads=8)
+    assert hardware.busy_cpu_notice(load=0.3, cores=2, threads=2) is None  # idle
+    assert hardware.busy_cpu_notice(load=1.2, cores=8, threads=6) is None  # six cores idle for six threads
+    assert hardware.busy_cpu_notice(load=3.0, cores=2, threads=1) is None  # one thread already
+
+
+@pytest.mark.slow
+def test_omp_num_threads_is_the_runs_thread_count(write_recipe, tmp_path):
+    """The documented setting the notice gives is honoured: torch runs the threads OMP_NUM_THREADS says, and
+    summary.json records how many."""
+    import json
+
+    out = tmp_path / "out"
+    result = run_ft("train", str(write_recipe(tiny_sft(out, max_steps=1))), env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["torch_threads"] == 1

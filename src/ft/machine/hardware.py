@@ -47,6 +47,20 @@ def probe() -> Hardware:
     return Hardware(False, False, 0, "cpu")
 
 
+def busy_cpu_notice(load: float, cores: int, threads: int) -> str | None:
+    """What to say when other processes keep the CPU busy (``load``: the 1-minute load average, ``cores``: this
+    machine's, ``threads``: torch's intra-op threads): torch's threads then wait on each other at every operation, and
+    fewer threads run faster (measured on a busy 2-core machine: 25 tokens/s with 2 threads, 90-132 with 1). None when
+    the cores left idle can run every thread."""
+    idle = max(cores - load, 0.0)
+    if load < 1 or threads <= max(1, int(idle)):
+        return None
+    fewer = max(1, int(idle))
+    return (f"ft: other processes keep this CPU busy (load average {load:.1f} on {cores} cores) and torch runs "
+            f"{threads} threads, which then wait on each other at every step; a run on a busy CPU is often faster "
+            f"with fewer: set OMP_NUM_THREADS={fewer} before `ft train` (summary.json records torch_threads)")
+
+
 def device_defaults(recipe: Recipe, hw: Hardware) -> dict:
     """Trainer arguments ft chooses for this machine. They fill only the keys the recipe leaves unset (the rule is
     applied where the config is built, ``ft.trainers.build``); here a default is also dropped when the recipe set
