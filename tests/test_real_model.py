@@ -35,6 +35,23 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+def test_ft_plan_says_the_runs_peak_memory(trained):
+    """``ft plan --device cpu`` of the recipe as it was trained (the same --set flags) gives the process's peak, the
+    figure summary.json measures (peak RSS: the training step, exact match and the benchmarks' passes, and the
+    libraries), within 15%, and says what drives it (issue 47, item 14)."""
+    import yaml
+
+    recipe = yaml.safe_load((trained / "recipe.yaml").read_text())
+    sets = [f"data.eval_exact_match={json.dumps(recipe['data']['eval_exact_match'])}", "data.eval=[]"]
+    plan = run_ft("plan", str(RECIPE), "--device", "cpu", "--json", *(arg for s in sets for arg in ("--set", s)))
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    expected = json.loads(plan.stdout)["process_peak_bytes"]
+    measured = _summary(trained)["peak_memory_gb"] * 2**30
+    assert 0.85 <= measured / expected <= 1.15, (measured / 2**30, expected / 2**30)
+    said = run_ft("plan", str(RECIPE), "--device", "cpu", *(arg for s in sets for arg in ("--set", s))).stdout
+    assert "The peak is the training step's forward" in said and "peak_memory_gb" in said
+
+
 def test_the_base_model_fails_the_sums_and_the_trained_one_answers_them(trained):
     summary = _summary(trained)
     before, after = summary["exact_match_before"], summary["exact_match"]

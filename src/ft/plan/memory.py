@@ -2,11 +2,13 @@
 shape, the recipe and ft's defaults for the device. docs/plan.md derives the formulas and gives their measured
 accuracy (``benchmarks/plan_accuracy.py``).
 
-The peak is the largest of three moments of a training step:
+The peak is the largest of three moments of a training step and, when the run evaluates, of its evaluation pass:
 
 - forward: weights, optimizer state, the activations saved for backward, and the logits with the loss's copies;
 - backward: the same activations, the loss's gradient buffers and the first (LM head) gradients;
-- optimizer step: weights, state, every gradient and the update's temporaries.
+- optimizer step: weights, state, every gradient and the update's temporaries;
+- evaluation: weights, optimizer state, and the evaluation batch's logits and loss (``per_device_eval_batch_size``
+  rows at once, often four times the training batch: on a small model with a large vocabulary it is the peak).
 
 Gradients are held through the forward and backward only with gradient accumulation; otherwise the Trainer frees them
 after each step. Beside the policy, the frozen models the method holds: a reference (a copy of the start model, or the
@@ -41,6 +43,9 @@ TILE_TOKENS, TILE_VOCAB = 4096, 32768  # one tile of TRL's fused LM head (trl.ke
 BNB_MIN_8BIT = 4096  # bitsandbytes and torchao keep tensors smaller than this in 32-bit state
 FOREACH = {"adamw_torch", "sgd", "adagrad", "rmsprop", "schedule_free_adamw", "schedule_free_sgd"}
 FITS_BELOW = 0.9  # of the GPU's memory: the rest is for the CUDA context, fragmentation and library workspaces
+# a CPU run's process beside its training memory: Python, torch, transformers, TRL, PEFT, datasets imported (RSS;
+# measured in docs/plan.md), which summary.json's peak_memory_gb (the process's peak RSS) includes
+CPU_RUNTIME = 526 * 2**20
 
 
 # --- what the estimate depends on ---------------------------------------------------------------------------------
@@ -82,6 +87,7 @@ class Setup:
     frozen: tuple[Frozen, ...] = ()  # the other frozen models the method's section declares (a teacher)
     freeze: tuple[str, ...] = ()  # model.freeze: a vision-language model's parts that do not train
     images: ImageLoad | None = None  # a vision-language model's images per row (ft.plan.vision.image_load)
+    eval_batch: int = 0  # per_device_eval_batch_size when the run evaluates (data.eval, split_ratio), else 0
 
     @property
     def sequences(self) -> int:
@@ -184,7 +190,8 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1,
         metrics_on_logits=device == "cpu" and fused_loss,
         reference=any(extra.role == "reference" for extra in models_of(recipe)) or (
             method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs")),
-        frozen=frozen_models(recipe), freeze=tuple(model.freeze or ()), images=images)
+        frozen=frozen_models(recipe), freeze=tuple(model.freeze or ()), images=images,
+        eval_batch=train.get("per_device_eval_batch_size", 8) if recipe.data.has_eval else 0)
 
 
 # --- parameters ---------------------------------------------------------------------------------------------------
@@ -592,13 +599,17 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
     in_pass = grads if s.accumulation > 1 else 0.0  # gradients accumulate across micro-batches
     buffers = (2 if s.checkpointing else 1) * act.layer  # a layer's recomputation and its gradient buffers
     held = act.saved + act.vision + act.autocast_copies
+    # an evaluation pass (data.eval): no gradients or saved activations, the eval batch's logits and one layer's
+    evaluation = head_memory(shape, replace(s, batch=s.eval_batch), False)[0] + act.layer if s.eval_batch else 0.0
     phases = {"forward": held + head_fwd + in_pass,
               "backward": held + in_pass + max(head_bwd + head_grad, buffers),
-              "optimizer step": 0.0 if s.fused_update else grads + step_tmp}
+              "optimizer step": 0.0 if s.fused_update else grads + step_tmp,
+              "evaluation": evaluation}
     phase = max(phases, key=phases.get)
     fwd, bwd, step = phase == "forward", phase == "backward", phase == "optimizer step"
+    evaluating = phase == "evaluation"
     head_wins = head_bwd + head_grad >= buffers
-    grads_held = grads if step else in_pass + (head_grad if bwd and head_wins else 0.0)
+    grads_held = grads if step else 0.0 if evaluating else in_pass + (head_grad if bwd and head_wins else 0.0)
     ddp = grads if s.gpus > 1 else 0.0  # DDP's gradient buckets, a second copy of the gradients
     ref = sum(p.size for p in params if p.kind != "adapter") if s.reference else 0.0
     frozen = [(f"{model.role} model {model.key} (frozen)", frozen_bytes(model, s)) for model in s.frozen]
@@ -611,17 +622,20 @@ def estimate(shape: Shape, s: Setup) -> Estimate:
              grads_held),
         Part(f"optimizer state ({s.optimizer})", state, state),
         Part("activations saved for backward" + (" (checkpointed)" if s.checkpointing else ""), act.saved,
-             0.0 if step else act.saved),
+             0.0 if step or evaluating else act.saved),
         Part("vision tower and projector activations" + (" (checkpointed)" if s.checkpointing and "vision" in
                                                           grad_parts(params) else ""), act.vision,
-             0.0 if step else act.vision),
-        Part("autocast copies of float32 weights", act.autocast_copies, 0.0 if step else act.autocast_copies),
+             0.0 if step or evaluating else act.vision),
+        Part("autocast copies of float32 weights", act.autocast_copies,
+             0.0 if step or evaluating else act.autocast_copies),
         Part("scores and loss" if s.scores else "logits and loss" + ("" if s.full_logits else " (fused LM head)"),
              max(head_fwd, head_bwd),
              head_fwd if fwd else head_bwd if bwd and head_wins else 0.0),
         Part("backward buffers of one layer" + (" (+ its recomputation)" if s.checkpointing else ""), buffers,
              buffers if bwd and not head_wins else 0.0),
         Part("optimizer step temporaries", step_tmp, step_tmp if step else 0.0),
+        Part(f"evaluation pass (batch {s.eval_batch}: logits, loss, one layer)", evaluation,
+             evaluation if evaluating else 0.0),
         Part("DDP gradient buckets", ddp, ddp),
     ]
     parts = tuple(p for p in parts if p.size > 0)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from ..recipe import Recipe
 from ..units import human
-from .memory import FITS_BELOW, Estimate, Param, estimate, parameters, setup_for
+from .memory import CPU_RUNTIME, FITS_BELOW, Estimate, Param, estimate, parameters, setup_for
 from .shape import PlanError, Shape, read_shape
 from .suggest import Suggestion, set_args, suggestions, yaml_value
 from .vision import PARTS, image_load
@@ -45,6 +45,24 @@ class Plan:
     def fits(self) -> bool | None:
         return None if self.budget is None else self.estimate.total <= FITS_BELOW * self.budget
 
+    @property
+    def process_peak(self) -> float | None:
+        """On a CPU, the peak RSS of the ``ft train`` process: the estimate and the libraries' own memory
+        (``CPU_RUNTIME``), what summary.json's ``peak_memory_gb`` measures. None on a GPU."""
+        return self.estimate.total + CPU_RUNTIME if self.estimate.setup.device == "cpu" else None
+
+    def drivers(self) -> str:
+        """What makes the peak, in words: the moment it is in and the parts that grow with the recipe's keys."""
+        e, s = self.estimate, self.estimate.setup
+        if e.phase == "evaluation":
+            return (f"The peak is the evaluation pass: {s.eval_batch} rows × {s.max_length} tokens × "
+                    f"{self.shape.vocab} logits (train.per_device_eval_batch_size, data.max_length, the "
+                    "vocabulary); a smaller evaluation batch lowers it.")
+        weights = next((p.at_peak for p in e.parts if p.name.startswith("weights")), 0.0)
+        return (f"The peak is the training step's {e.phase}: its activations and logits grow with "
+                f"train.per_device_train_batch_size ({s.batch}) × data.max_length ({s.max_length}); the weights "
+                f"({human(weights)}) do not.")
+
     def as_dict(self) -> dict:
         e = self.estimate
         return {
@@ -53,6 +71,7 @@ class Plan:
             "components": [{"name": p.name, "bytes": round(p.size), "at_peak_bytes": round(p.at_peak)}
                            for p in e.parts],
             "peak_bytes": round(e.total), "peak_phase": e.phase,
+            "process_peak_bytes": None if self.process_peak is None else round(self.process_peak),
             "gpu_memory_bytes": None if self.budget is None else round(self.budget), "fits": self.fits,
             "suggestions": [{"changes": x.changes, "set": set_args(x.changes), "peak_bytes": round(x.estimate.total)}
                             for x in self.suggestions],
@@ -115,6 +134,11 @@ class Plan:
         ]
         lines += [f"{p.name:<52}{human(p.size):>12}{human(p.at_peak):>12}" for p in e.parts]
         lines.append(f"{'peak (in the ' + e.phase + ')':<52}{'':>12}{human(e.total):>12}")
+        lines.append(self.drivers())
+        if self.process_peak is not None:
+            lines.append(f"On a CPU the process also holds Python, torch and the libraries ({human(CPU_RUNTIME)}): "
+                         f"summary.json's peak_memory_gb, the process's peak, should read about "
+                         f"{self.process_peak / 2**30:.2f} GiB.")
         if self.budget is None:
             lines.append("\nNo GPU here to compare with: pass --gpu-memory (e.g. 80GiB) to check that it fits.")
             return "\n".join(lines)
