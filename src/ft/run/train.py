@@ -200,19 +200,26 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
                 + "; ".join(change.render() for change in harmless))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {run.hw.summary}{processes}; output in {output_dir}")
-    import torch
-
-    if not run.hw.cuda and hasattr(os, "getloadavg"):
-        busy = hardware.busy_cpu_notice(os.getloadavg()[0], os.cpu_count() or 1, torch.get_num_threads())
-        if busy:
-            say(busy)
     run.facts = {"device": run.hw.summary,
                  "peak_memory_source": "cuda_max_allocated" if run.hw.cuda else "process_max_rss",
                  "resumed_from": run.resume_from, "phase_seconds": run.phases, "versions": versions(),
-                 "torch_threads": torch.get_num_threads(),
+                 "torch_threads": _threads(run),
                  "failure": None, "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
     if run.resume_from:
         _carry_over(run)
+
+
+def _threads(run: _Run) -> int:
+    """torch's intra-op threads (``OMP_NUM_THREADS`` sets them); on a CPU that other processes keep busy, said with
+    the setting that helps (``hardware.busy_cpu_notice``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if not run.hw.cuda and hasattr(os, "getloadavg"):
+        busy = hardware.busy_cpu_notice(os.getloadavg()[0], os.cpu_count() or 1, threads)
+        if busy:
+            run.say(busy)
+    return threads
 
 
 def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
