@@ -195,11 +195,12 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     # steps of >= 50 ms (SlowSteps) at most 60 steps later, so both stops come well before step 150
     recipe = tiny_sft(out, max_steps=total)
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
+    recipe["data"]["eval_exact_match"] = {"n": 8}  # scored by the first part alone (greedy: it draws no numbers)
     path = write_recipe(recipe)
     args = ["train", str(path), "--set", "train.logging_steps=10"]
     resume = shlex.join(["ft", *args])
 
-    stops = []
+    stops, parts = [], []
     for at_step in (5, None):  # the second stop comes 10 steps after the first
         process, stderr = _stop(args, out, at_step or stops[-1] + 10)
         assert process.returncode == 143, stderr[-3000:]
@@ -210,6 +211,7 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
         assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
         assert summary["stopped_by"] == "SIGTERM" and summary["resume_command"] == resume
         assert summary["steps"] == stops[-1]  # saved at the step end it stopped at
+        parts.append(summary)
         # the resume command is the one that was run, --set included, and the wait before the save is explained
         assert "stopped by SIGTERM" in stderr and resume in stderr and "waits 3 s after the signal" in stderr
     assert 5 <= stops[0] < stops[1] < total
@@ -222,6 +224,17 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == total
     assert summary["resumed_from"] == str(out / f"checkpoint-{stops[1]}")
+    # what the stopped parts measured is kept: the baseline exact match the first part scored (a resume cannot: its
+    # weights are not the start) with its answers, and each part's steps and times, which ft report sums (issue 47)
+    baseline = parts[0]["exact_match_before"]
+    assert summary["exact_match_before"] == parts[1]["exact_match_before"] == baseline and baseline["n"] == 8
+    lines = [json.loads(line) for line in (out / "exact_match.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 and all({"before", "after"} <= set(line) for line in lines)
+    assert [(part["steps"], part["train_seconds"], part["stopped_by"]) for part in summary["earlier_parts"]] == [
+        (part["steps"], part["train_seconds"], "SIGTERM") for part in parts]
+    report = run_ft("report", str(out)).stdout
+    assert re.search(r"status +completed, in 3 parts", report), report
+    assert re.search(r"exact match before +[\d.]+ \(n=8, ended [\d.]+\)", report), report
     # each run took up at the step after the checkpoint's (a fresh start would have taken steps 1-150) ...
     first, second, third = steps_by_run(out / "steps-rank0.log")
     assert second[0] == stops[0] + 1 and third == list(range(stops[1] + 1, total + 1))
@@ -494,36 +507,3 @@ def test_a_stop_before_the_first_step_says_where_and_the_rerun_starts_over(write
     assert f"was stopped by {name} while importing the recipe's code, before its first step; it left no " \
         "checkpoint, so this run starts over" in again.stderr
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
-
-
-@pytest.mark.slow
-def test_a_resumed_run_keeps_what_its_stopped_part_measured(write_recipe, tmp_path):
-    """Stopped by SIGTERM, then resumed: the baseline exact match the first part scored (which a resume cannot score
-    again: its weights are not the start) stays in summary.json and exact_match.jsonl, and the parts' times are kept
-    (``earlier_parts``), which ``ft report`` sums, marking the run as trained in two parts (issue 47, item 9)."""
-    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
-    out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=150)  # the stop comes 3 s after the signal: steps of >= 50 ms leave room
-    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
-    recipe["data"]["eval_exact_match"] = {"n": 8}
-    args = ["train", str(write_recipe(recipe))]
-    process, stderr = _stop(args, out, 5)
-    assert process.returncode == 143, stderr[-3000:]
-    stopped = json.loads((out / "summary.json").read_text())
-    baseline = stopped["exact_match_before"]
-    before = [json.loads(line)["before"] for line in (out / "exact_match.jsonl").read_text().splitlines()]
-    assert baseline["n"] == len(before) == 8
-
-    (out / "hold-at").unlink()  # the resumed part runs to its end
-    resumed = run_ft(*args)
-    assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["exact_match_before"] == baseline and summary["exact_match"]["n"] == 8
-    lines = [json.loads(line) for line in (out / "exact_match.jsonl").read_text().splitlines()]
-    assert [line["before"] for line in lines] == before and all("after" in line for line in lines)
-    (part,) = summary["earlier_parts"]
-    assert part["steps"] == stopped["steps"] and part["stopped_by"] == "SIGTERM"
-    assert part["train_seconds"] == stopped["train_seconds"]
-    report = run_ft("report", str(out)).stdout
-    assert re.search(r"status +completed, in 2 parts", report), report
-    assert re.search(r"exact match before +[\d.]+ \(n=8, ended [\d.]+\)", report), report
