@@ -5,8 +5,8 @@ close names beside it, instead of surfacing minutes later when the data or the m
 What is local is what the loaders themselves treat as local: a data source ``source_kind`` calls ``missing`` (an
 absolute, ``./`` or ``~`` path, or a file name with a data suffix: ``data/trian.jsonl``), and a model, adapter or
 extra model (a reference, a reward model) whose name ``names_a_path`` (``./models/x``, ``runs/a/final``); a hub id is
-the hub checks' (``run.hub``). A model folder that another recipe next to this one writes (``model.name:
-../runs/smollm2-sft`` beside ``smollm2-sft.yaml``) is not missing but not trained yet: a warning naming that recipe.
+the hub checks' (``run.hub``). A missing model folder is a warning (it may be written after validation: by a script, or by another recipe next to
+this one, ``model.name: ../runs/smollm2-sft`` beside ``smollm2-sft.yaml``, which the warning names).
 A GGUF file is ``gguf_problems``'; an ``extends:`` target is checked as the recipe is read.
 """
 
@@ -23,8 +23,8 @@ from ..recipe.methods import models_of
 
 
 def missing_inputs(loaded: LoadedRecipe) -> list[Problem]:
-    """An error for each local data source or model folder the recipe names that does not exist, a warning for a
-    model folder a recipe next to it writes (train that recipe first)."""
+    """An error for each local data source the recipe names that does not exist, a warning for each model folder
+    (``missing_models``)."""
     return missing_data(loaded) + missing_models(loaded)
 
 
@@ -38,8 +38,9 @@ def missing_data(loaded: LoadedRecipe) -> list[Problem]:
 
 
 def missing_models(loaded: LoadedRecipe) -> list[Problem]:
-    """An error for each local model folder the recipe names that does not exist, a warning for one a recipe next to
-    it writes."""
+    """A warning for each local model folder the recipe names that does not exist (with the close names beside it), or
+    that a recipe next to it writes: a folder may be written after validation (a script, an earlier run), and
+    ``ft train`` refuses it when it loads the model; a shipped recipe whose model a script writes still validates."""
     recipe, folder = loaded.recipe, loaded.source.resolve().parent
     problems = []
     for key, name in _models(recipe):
@@ -53,7 +54,9 @@ def missing_models(loaded: LoadedRecipe) -> list[Problem]:
             continue
         problems.append(Problem(key, f"{name} does not exist (a relative path is read from the recipe's folder, "
                                 f"{folder}).{_close_names(name, folder)} Name a model folder (config.json and "
-                                "weights), a run directory, or a hub id (`org/name`)."))
+                                "weights), a run directory, or a hub id (`org/name`), or write the folder before "
+                                "`ft train` (a script or another step may make it: ft train refuses it then).",
+                                level="warning"))
     return problems
 
 
