@@ -5,8 +5,9 @@ close names beside it, instead of surfacing minutes later when the data or the m
 What is local is what the loaders themselves treat as local: a data source ``source_kind`` calls ``missing`` (an
 absolute, ``./`` or ``~`` path, or a file name with a data suffix: ``data/trian.jsonl``), and a model, adapter or
 extra model (a reference, a reward model) whose name ``names_a_path`` (``./models/x``, ``runs/a/final``); a hub id is
-the hub checks' (``run.hub``). A missing model folder is a warning (it may be written after validation: by a script, or by another recipe next to
-this one, ``model.name: ../runs/smollm2-sft`` beside ``smollm2-sft.yaml``, which the warning names).
+the hub checks' (``run.hub``). A missing model folder is a warning (it may be written after validation: by a
+script, or by another recipe next to this one, ``model.name: ../runs/smollm2-sft`` beside ``smollm2-sft.yaml``, which
+the warning names).
 A GGUF file is ``gguf_problems``'; an ``extends:`` target is checked as the recipe is read.
 """
 
