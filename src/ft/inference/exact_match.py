@@ -53,14 +53,14 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     one that rambles is cut off by the budget, and its answer is compared only up to there. ``tokenizer`` may be a
     vision-language model's processor: rows with images are handed to it with their images, read and sized as
     training reads them (``sizing``: ``data.image``)."""
-    import torch
-
     from .generate import Sampling, generation_config
+    from .prefix import generate_batch
 
     rows = [row if isinstance(row, HeldOut) else HeldOut(row["prompt"], str(row["answer"])) for row in rows]
     text_side = text_tokenizer(tokenizer)
     config = generation_config(model, text_side, Sampling(max_new_tokens=max_new_tokens))
     stops = set(config.eos_token_id) | ({text_side.pad_token_id} - {None})
+    pad = text_side.pad_token_id if text_side.pad_token_id is not None else config.eos_token_id[0]
     side, text_side.padding_side = text_side.padding_side, "left"  # generation continues every row at its end
     was_training = model.training
     model.eval()
@@ -73,13 +73,12 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
             texts = [_rendered(tokenizer, row.prompt, row.tools) for row in batch]
             prompts += texts
             templated = isinstance(batch[0].prompt, list)  # a rendered template holds its special tokens
-            encoded = tokenizer(text=texts, return_tensors="pt", padding=True, add_special_tokens=not templated,
-                                **_pictures(batch, sizing)).to(model.device)
-            if "pixel_values" in encoded:  # the processor's float32 pixels, in the model's dtype
-                encoded["pixel_values"] = encoded["pixel_values"].to(model.dtype)
-            with torch.no_grad():
-                output = model.generate(**encoded, generation_config=config)
-            for ids in output[:, encoded["input_ids"].shape[1]:].tolist():
+            if any(row.images for row in batch):
+                output, width = _with_pictures(model, tokenizer, texts, templated, _pictures(batch, sizing), config)
+            else:  # their shared beginning (system prompt, tools) read once: ft.inference.prefix
+                ids = [text_side(text, add_special_tokens=not templated).input_ids for text in texts]
+                output, width = generate_batch(model, ids, pad, config)
+            for ids in output[:, width:].tolist():
                 end = next((i for i, token in enumerate(ids) if token in stops), None)
                 ended += end is not None
                 kept = ids[:end]
@@ -95,6 +94,19 @@ def exact_match(model, tokenizer, rows: Sequence[HeldOut | dict], *, max_new_tok
     if any(row.group is not None for row in rows):
         result["groups"] = _by_group(rows, [right for right, _, _ in scored])
     return result
+
+
+def _with_pictures(model, processor, texts: list[str], templated: bool, pictures: dict, config):
+    """``model.generate`` of a batch of rows with images, the processor given their texts and pictures (padded on the
+    left): (the output, the width of the inputs)."""
+    import torch
+
+    encoded = processor(text=texts, return_tensors="pt", padding=True, add_special_tokens=not templated,
+                        **pictures).to(model.device)
+    if "pixel_values" in encoded:  # the processor's float32 pixels, in the model's dtype
+        encoded["pixel_values"] = encoded["pixel_values"].to(model.dtype)
+    with torch.no_grad():
+        return model.generate(**encoded, generation_config=config), encoded["input_ids"].shape[1]
 
 
 def _by_group(rows: Sequence[HeldOut], right: list[bool]) -> dict:
