@@ -21,12 +21,12 @@ pytestmark = pytest.mark.slow
 RECIPE = ROOT / "recipes" / "smollm2-tools.yaml"
 DATA = ROOT / "data" / "tool-calls"
 HELD_OUT = 32  # held-out rows the trained model is scored on (the shipped recipe scores 200); 24 of them are calls
-BASE_CALLS = 8  # of those calls, the ones the base model is asked (each costs 1.4 s of CI: prompts of 260 tokens)
-# the recipe's 50 steps of 2 rows, not 4: training is most of this test's time (the rows are about 260 tokens, 180 of
-# them the tools), and half the rows halve it. Measured on 2 cores (2026-12-06, seed 0): 31 of the first 40 rows' 32
-# calls right, training 105 s on two threads (with 4 rows, 30 and 40 steps got 30 of them, 50 steps 32); the first
-# 32 rows hold 24 calls (23 right in that run), of which the threshold allows 2 misses (a prompt costs 1.4 s of CI)
-STEPS, ROWS = 50, 2
+BASE_CALLS = 8  # of those calls, the ones the base model is asked (each costs about 1 s of CI: it writes 52 tokens)
+# 40 of the recipe's 50 steps, of 2 rows, not 4: training is most of this test's time (the rows are about 260 tokens,
+# 180 of them the tools). Measured on 2 cores (2026-12-06, seed 0): 40 steps of 2 rows called all 24 calls of the first
+# 32 held-out rows right (training 158 s on one thread), 50 steps 23 of them; with 4 rows, 30 and 40 steps got 30 of
+# the first 40 rows' 32 calls, 50 steps 32. The threshold allows 2 misses of the 24
+STEPS, ROWS = 40, 2
 
 
 @pytest.fixture(scope="module")
