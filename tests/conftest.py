@@ -54,15 +54,18 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session", autouse=True)
 def ft_cache(tmp_path_factory) -> Path:
     """ft's cache (``FT_CACHE_DIR``: the tokenizers, configs and, with ``FT_CACHE_GGUF_WEIGHTS``, de-quantized weights
-    converted from GGUF files) for every command of the session, one folder all its test processes share, in place
-    before the first command starts: the machine's own cache is left alone, and the real model is converted by the
-    session's first command to need it, not by each (its weights once, not at each of the suite's loads: 12 s each).
-    tests/test_gguf_cache.py checks what is kept against the conversion."""
+    converted from GGUF files; with ``FT_CACHE_DATA``, tokenized data) for every command of the session, one folder
+    all its test processes share, in place before the first command starts: the machine's own cache is left alone, and
+    the real model is converted by the session's first command to need it, not by each (its weights once, not at each
+    of the suite's loads: 12 s each), and the arithmetic chats most runs train on are tokenized once for each set-up,
+    not by every run (2 s of a tiny run's 2.5). tests/test_gguf_cache.py checks what is kept against the conversion,
+    tests/test_data_cache.py what is reused against what is built."""
     root = tmp_path_factory.getbasetemp()
     folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "ft-cache"
     folder.mkdir(exist_ok=True)
     os.environ["FT_CACHE_DIR"] = str(folder)
     os.environ["FT_CACHE_GGUF_WEIGHTS"] = "1"
+    os.environ["FT_CACHE_DATA"] = "1"
     return folder
 
 

@@ -63,9 +63,10 @@ def test_preprocess_writes_tokens_masks_and_length_column(workdir, write_recipe)
     assert any(label == -100 for label in row["labels"]) and any(label != -100 for label in row["labels"])
 
 
-def test_two_tokenizing_processes_prepare_the_same_rows_as_one(workdir, write_recipe):
+def test_two_tokenizing_processes_prepare_the_same_rows_as_one(workdir, write_recipe, monkeypatch):
     """data.num_proc 2 splits the rows between two workers (each builds its own Arrow columns from the masks):
     the prepared rows, masks, lengths and counts are those of one process, row for row."""
+    monkeypatch.setenv("FT_CACHE_DATA", "0")  # both tokenized here (num_proc is not part of the data's fingerprint)
     one = _prepare(_recipe(workdir, write_recipe, prepared_path=None, max_length=33))
     two = _prepare(_recipe(workdir, write_recipe, prepared_path=None, max_length=33, num_proc=2))
     assert one.train.to_dict() == two.train.to_dict() and one.eval.to_dict() == two.eval.to_dict()

@@ -125,7 +125,7 @@ FLOORS = (
     ("outputs",),  # the run directory: checkpoints, summary.json, plots, report
     ("machine",),  # what this machine can do: hardware, device defaults, trackers installed
     ("recipe",),  # YAML -> the frozen Recipe; imports no torch
-    ("errors", "units"),  # the error root; byte formatting
+    ("errors", "units", "caching"),  # the error root; byte formatting; the folder of ft's cache and its switches
 )
 
 

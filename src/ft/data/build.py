@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..caching import switched_on
 from ..recipe import Recipe, RecipeError
 from ..recipe.data_section import DataSource, SplitRatio
 from ..recipe.methods import METHODS
@@ -71,9 +72,7 @@ def prepare_data(recipe: Recipe, processing_class, template: str | None, say: Ca
     if not METHODS[recipe.method].ft_tokenizes:
         return _canonical_rows(recipe, say, images=seeing)
     if recipe.data.prepared_path is None:
-        prepared = _tokenized(recipe, tokenizer, template, say, images)
-        prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"
-        return prepared
+        return _kept_or_tokenized(recipe, tokenizer, template, say, images, builder)
     path = Path(recipe.data.prepared_path)
     components = cache.fingerprint(recipe, tokenizer, template, images.processor.image_processor if images else None)
     state = cache.check(path, components)
@@ -90,6 +89,36 @@ def prepare_data(recipe: Recipe, processing_class, template: str | None, say: Ca
     cache.save(path, prepared.train, prepared.eval, components, prepared.stats)
     prepared.stats["prepared"] = f"{'built' if state.status == 'missing' else 'rebuilt'} {path}"
     say(f"data: wrote the prepared dataset to {path}")
+    return prepared
+
+
+def _kept_or_tokenized(recipe: Recipe, tokenizer, template: str | None, say, images: ImageTokens | None,
+                       builder: bool) -> PreparedData:
+    """The run's datasets without ``data.prepared_path``: tokenized in memory; with ``FT_CACHE_DATA``, read from ft's
+    cache when an earlier run with the same fingerprint kept them there (the lines building them said, said again),
+    else tokenized and kept there by the main process (``builder``; the others never wait for it)."""
+    entry = None
+    if switched_on(cache.DATA_SWITCH):
+        processor = images.processor.image_processor if images else None
+        components = cache.fingerprint(recipe, tokenizer, template, processor)
+        entry = cache.kept_entry(components)
+    if entry is not None and cache.check(entry, components).status == "fresh":
+        train, evaluation, stats = cache.load(entry)
+        for line in stats.pop(cache.SAID, []):
+            say(line)
+        return PreparedData(train, evaluation, {**stats, "prepared": f"reused {entry} ({cache.DATA_SWITCH})"})
+    said: list[str] = []
+
+    def saying(line: str) -> None:
+        said.append(line)
+        say(line)
+
+    prepared = _tokenized(recipe, tokenizer, template, saying, images)
+    if entry is not None and builder and cache.keep(entry, prepared.train, prepared.eval, components,
+                                                    {**prepared.stats, cache.SAID: said}):
+        prepared.stats["prepared"] = f"built {entry} ({cache.DATA_SWITCH})"
+    else:
+        prepared.stats["prepared"] = "built in memory (set data.prepared_path to cache it)"
     return prepared
 
 

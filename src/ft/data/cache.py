@@ -4,21 +4,33 @@
 with the fingerprint's components; ``ft train`` compares them with the current recipe, data files (and the file of
 tool definitions ``data.tools`` names: its contents, wherever it lies) and tokenizer, and reuses, rebuilds or (with
 ``data.require_prepared``) refuses, naming what changed.
+
+Without ``data.prepared_path``, ``FT_CACHE_DATA=1`` keeps the tokenized data in ft's cache instead
+(``<cache>/data/<digest of the fingerprint>``, ``ft.caching``): the next run of a recipe with the same data,
+tokenizer and template reads it back in a fraction of a second instead of rendering and tokenizing every row again,
+and says what building it said. It is asked for, not the default: it costs a copy of the tokenized data on disk for
+every distinct data set-up. An entry is never replaced (another fingerprint is another entry); it is written beside its
+place and renamed into it, so processes building the same data at once leave one whole entry.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
 from .. import __version__
+from ..caching import cache_root, switched_on
 from ..recipe import Recipe
 
 MANIFEST = "ft_prepared.json"
+DATA_SWITCH = "FT_CACHE_DATA"  # set to 1: tokenized data is kept in ft's cache when data.prepared_path is unset
+SAID = "said"  # the stats key of the lines building an entry said, said again when it is reused
 # data keys that do not change the tokenized rows (packing happens at train time, in TRL)
 _NOT_SHAPING = {"prepared_path", "require_prepared", "num_proc", "packing"}
 
@@ -118,3 +130,29 @@ def save(path: Path, train, evaluation, components: dict[str, str], stats: dict)
     (staging / MANIFEST).write_text(json.dumps({"fingerprint": components, "stats": stats}, indent=1) + "\n")
     shutil.rmtree(path, ignore_errors=True)
     staging.rename(path)
+
+
+def kept_entry(components: dict[str, str]) -> Path | None:
+    """Where ft's cache keeps the tokenized data of ``components`` (``fingerprint``), when ``FT_CACHE_DATA`` asks for
+    it; None otherwise, and for data a fingerprint cannot pin (a hub dataset at no fixed revision)."""
+    if not switched_on(DATA_SWITCH) or any(value.endswith("@unpinned") for value in components.values()):
+        return None
+    return cache_root() / "data" / _digest(json.dumps(components, sort_keys=True))
+
+
+def keep(entry: Path, train, evaluation, components: dict[str, str], stats: dict) -> bool:
+    """``save`` as the entry ``entry`` of ft's cache: written beside it and renamed into place, kept as it is when
+    another process completed it first. False when the cache cannot be written (the run goes on without it)."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    except OSError:
+        return False
+    try:
+        save(staging / "entry", train, evaluation, components, stats)
+        os.replace(staging / "entry", entry)
+    except OSError:  # another process renamed its whole entry in first, or the cache cannot be written
+        return entry.is_dir()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return True

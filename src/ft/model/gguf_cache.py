@@ -10,7 +10,7 @@ chat template and special tokens; every config value). ``tokenizer`` and ``confi
 tensor data, which is all transformers builds either from) and of the transformers and tokenizers versions that
 converted them: a file replaced by another has a new key, and so has an upgrade that may convert differently.
 
-The cache is ``$FT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ft``, else ``~/.cache/ft``. An entry is written in a
+The cache is ft's (``ft.caching.cache_root``). An entry is written in a
 temporary folder beside its place and renamed into it, so processes converting the same file at once leave one whole
 entry; a cache that cannot be written, or an entry that cannot be read, costs only the conversion. A GGUF file on the
 hub (``model.name`` a hub id) is converted on every load, as transformers does.
@@ -33,15 +33,10 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..caching import cache_root, switched_on
+
 SUBFOLDER = "gguf"
 WEIGHTS_SWITCH = "FT_CACHE_GGUF_WEIGHTS"  # set to 1: the de-quantized weights are kept too (``weights``)
-
-
-def cache_root() -> Path:
-    """Where ft keeps what it derives once and reuses (``$FT_CACHE_DIR``, else the XDG cache folder's ``ft``)."""
-    if os.environ.get("FT_CACHE_DIR"):
-        return Path(os.environ["FT_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ft"
 
 
 def entry_key(path: Path) -> str | None:
@@ -95,7 +90,7 @@ def config(folder: str, gguf_file: str, convert: Callable):
 
 def weights_kept() -> bool:
     """Whether this machine keeps de-quantized GGUF weights (``FT_CACHE_GGUF_WEIGHTS`` set to 1, true, yes or on)."""
-    return os.environ.get(WEIGHTS_SWITCH, "").strip().lower() in {"1", "true", "yes", "on"}
+    return switched_on(WEIGHTS_SWITCH)
 
 
 def weights(folder: str, gguf_file: str, convert: Callable) -> Path | None:
