@@ -43,6 +43,9 @@ class LaunchSection(Section):
     accelerate_config: Optional[StrictStr] = Field(
         None, description="An accelerate config YAML (`accelerate config` writes one) to launch with instead; the "
         "other launch keys stay unset then. Relative to the recipe's folder.")
+    join_timeout: PositiveInt = Field(
+        300, description="Seconds the machines of a several-machine run wait for each other to join; past it each "
+        "exits 2 naming how many joined and where they met.")
 
     checked_endpoint = field_validator("rdzv_endpoint")(_endpoint)
 

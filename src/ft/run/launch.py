@@ -46,8 +46,9 @@ from pathlib import Path
 
 from ..errors import FtError
 from ..recipe import LoadedRecipe, Problem, Processes
+from ..recipe.errors import first_line
 from .ranks import launched_world_size
-from .signals import STOP_SIGNALS, exit_code
+from .signals import STOP_SIGNALS, exit_code, signal_name
 
 # the CLI's launch flags: the launcher reads them, the ranks must not see them
 FLAGS = ("--num-processes", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
@@ -68,6 +69,7 @@ class Launch:
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     accelerate_config: Path | None = None
+    join_timeout: int = 300  # seconds the machines wait for each other at the rendezvous (launch.join_timeout)
 
     @property
     def needed(self) -> bool:
@@ -154,7 +156,8 @@ def resolve(loaded: LoadedRecipe, flags: dict[str, object], visible_gpus: Callab
         count = max(visible_gpus(), 1)
     config = pick("accelerate_config")
     launch = Launch(int(count), int(pick("nnodes", 1)), int(pick("node_rank", 0)), pick("master_addr"),
-                    pick("master_port"), pick("rdzv_endpoint"), (base_dir / config) if config else None)
+                    pick("master_port"), pick("rdzv_endpoint"), (base_dir / config) if config else None,
+                    int(pick("join_timeout", 300)))
     problems = _problems(launch)
     if problems:
         raise loaded.error(problems)
@@ -211,7 +214,7 @@ def run(loaded: LoadedRecipe, launch: Launch, argv: list[str], command: str, say
                 codes = _accelerate(launch, args, relay)
             else:
                 codes = _elastic(launch, args)
-    return _exit_code(codes, relay.received, say)
+    return ended_with(codes, relay.received, say, launch, command)
 
 
 def lock_holder() -> int | None:
@@ -237,16 +240,18 @@ def _prepare_data(loaded: LoadedRecipe, launch: Launch, say: Callable[[str], Non
 
 def _elastic(launch: Launch, args: list[str]) -> dict[int, int]:
     """Run the ranks through torch.distributed's elastic agent; {global rank: exit code} of those that failed."""
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # ft says what happens, once
     if launch.rdzv_endpoint:
-        backend, endpoint, configs = "c10d", launch.rdzv_endpoint, {}
+        backend, endpoint, configs = "c10d", launch.rdzv_endpoint, {"join_timeout": launch.join_timeout}
     elif launch.nnodes > 1 or launch.master_port:
         backend = "static"
-        endpoint = f"{launch.master_addr or '127.0.0.1'}:{launch.master_port or 29500}"
-        configs = {"rank": launch.node_rank}
+        endpoint = meeting_point(launch)
+        configs = {"rank": launch.node_rank, "timeout": launch.join_timeout}
     else:
         backend, endpoint, configs = "c10d", "localhost:0", {}  # torchrun --standalone: a free port
     config = LaunchConfig(min_nodes=launch.nnodes, max_nodes=launch.nnodes, nproc_per_node=launch.num_processes,
@@ -257,7 +262,39 @@ def _elastic(launch: Launch, args: list[str]) -> dict[int, int]:
         elastic_launch(config, sys.executable)(*args)
     except ChildFailedError as exc:
         return {rank: failure.exitcode for rank, failure in exc.failures.items()}
+    except (DistNetworkError, DistStoreError, RendezvousError) as exc:
+        raise LaunchError(_not_met(launch, exc)) from None
     return {}
+
+
+class LaunchError(FtError):
+    """The machines of a run did not meet (exit 2): a port in use, a node that never joined or could not be reached.
+    Nothing was trained; the same command runs again once the cause is gone."""
+
+
+def meeting_point(launch: Launch) -> str:
+    """``host:port`` where the machines meet: the c10d rendezvous endpoint, else node 0's address and port."""
+    return launch.rdzv_endpoint or f"{launch.master_addr or '127.0.0.1'}:{launch.master_port or 29500}"
+
+
+def _not_met(launch: Launch, exc: Exception) -> str:
+    """The paragraph for a rendezvous that failed: which case it is (from torch's message), where the machines were to
+    meet, and what to check."""
+    import re
+
+    where, said = meeting_point(launch), first_line(exc)
+    port = where.rsplit(":", 1)[-1]
+    if "EADDRINUSE" in said or "address already in use" in said.lower():
+        return (f"launch: port {port} is in use on this machine, so node 0 cannot serve the rendezvous at {where} "
+                f"(--master-port / launch.master_port). Choose a free port, the same on every node, or end the "
+                f"process that holds it (`ss -ltnp 'sport = :{port}'` names it).")
+    joined = re.search(r"(\d+)/(\d+) clients joined", said)
+    count = (f"{joined.group(1)} of {joined.group(2)} nodes joined" if joined
+             else f"node {launch.node_rank} could not meet the others")
+    return (f"launch: {count} within launch.join_timeout ({launch.join_timeout} s) at {where} (torch: {said}). "
+            f"Check that every node runs the same `ft train` with --nnodes {launch.nnodes} and its own --node-rank, "
+            f"that each can reach {where} (node 0's address as the others see it; a firewall), and that the scheduler "
+            "started them all; raise launch.join_timeout when nodes start minutes apart.")
 
 
 def _accelerate(launch: Launch, args: list[str], relay: _PassSignalsOn) -> dict[int, int]:
@@ -275,13 +312,25 @@ def _accelerate(launch: Launch, args: list[str], relay: _PassSignalsOn) -> dict[
     return {} if code == 0 else {0: code}
 
 
-def _exit_code(failures: dict[int, int], received: int | None, say: Callable[[str], None]) -> int:
+def ended_with(failures: dict[int, int], received: int | None, say: Callable[[str], None],
+               launch: Launch | None = None, command: str = "") -> int:
+    """The exit code ft ends with, from ``failures`` ({rank: its exit code, negative when a signal killed it}) and
+    the stop signal this launcher ``received`` (None: none): the ranks' stop (143, 130) when they stopped for it, or,
+    on one of several machines, for a signal another machine received (said, with the command to run again on each);
+    2 when the ranks refused the run (they said why); else 1, naming each failed rank."""
     if not failures:
         return 0 if received is None else exit_code(received)
     codes = {abs(code) if code < 0 else code for code in failures.values()}
     stopped = {exit_code(signum) for signum in STOP_SIGNALS} | set(STOP_SIGNALS)
     if received is not None and codes <= stopped:
         return exit_code(received)
+    saved = {exit_code(signum): signum for signum in STOP_SIGNALS}  # a rank's exit after the checkpoint of a stop
+    if launch is not None and launch.nnodes > 1 and set(failures.values()) <= saved.keys():
+        # another machine was stopped (preempted): every rank agreed on its step and saved one checkpoint
+        signum = max(saved[code] for code in failures.values())
+        say(f"ft: this node's ranks stopped with the run: another node received {signal_name(signum)} and every "
+            f"rank saved the same checkpoint. Resume by running the same command on every node: {command}")
+        return exit_code(signum)
     if codes == {2}:
         return 2  # the ranks said why (an invalid recipe, data or resume), once, from rank 0
     detail = ", ".join(f"rank {rank}: {_shown(code)}" for rank, code in sorted(failures.items()))
