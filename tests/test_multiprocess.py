@@ -49,7 +49,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     (tmp_path / "step_log.py").write_text(STEP_LOG)
     out = tmp_path / "out"
-    recipe = {**tiny_sft(out, max_steps=60, logging_steps=10), "adapter": LORA_WITH_DROPOUT}
+    recipe = {**tiny_sft(out, max_steps=20, logging_steps=10), "adapter": LORA_WITH_DROPOUT}
     recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "step_log:StepLog"}]
     path = write_recipe(recipe)
     env = {**os.environ, "TQDM_DISABLE": "1"}
@@ -68,7 +68,7 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert summary["status"] == "stopped" and summary["checkpoint"] == str(checkpoint)
     # the resume command is the launcher's, which started both processes (each one's parent)
     assert summary["resume_command"] == shlex.join(_torchrun(path)), summary["resume_command"]
-    assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 60
+    assert summary["steps"] == int(checkpoint.name.split("-")[1]) < 20
     assert not (out / "final").exists()
 
     (out / "hold-at").unlink()  # the resumed run is not stopped
@@ -76,15 +76,15 @@ def test_sigterm_stops_every_process_at_the_same_step_and_torchrun_resumes(write
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 60 and summary["world_size"] == 2
-    # both processes took up at the step after the checkpoint's (a fresh start would have taken steps 1-60) ...
+    assert summary["status"] == "completed" and summary["steps"] == 20 and summary["world_size"] == 2
+    # both processes took up at the step after the checkpoint's (a fresh start would have taken steps 1-20) ...
     stopped_at = int(checkpoint.name.split("-")[1])
     for rank in (0, 1):
         _, second_run = steps_by_run(out / f"steps-rank{rank}.log")
-        assert second_run == list(range(stopped_at + 1, 61)), rank
+        assert second_run == list(range(stopped_at + 1, 21)), rank
     # ... and the resumed run ends where an uninterrupted 2-process run of the same recipe and seed ends: each rank's
     # random state (its dropout masks) is in the checkpoint
-    uninterrupted = {**tiny_sft(tmp_path / "uninterrupted", max_steps=60, logging_steps=10),
+    uninterrupted = {**tiny_sft(tmp_path / "uninterrupted", max_steps=20, logging_steps=10),
                      "adapter": LORA_WITH_DROPOUT}
     reference = subprocess.run(_torchrun(write_recipe(uninterrupted, name="uninterrupted.yaml")), cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=600)
