@@ -221,6 +221,15 @@ def final_weights(run: Path) -> dict:
     return load_file(weights)
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def assert_same_final_weights(run: Path, reference: Path) -> None:
     """final/ of two runs holds the same tensors, bit for bit."""
     import torch

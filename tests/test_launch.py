@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_ft, tiny_sft
+from conftest import ROOT, alive, run_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, signal_at_step
 
 from ft.outputs.checkpoints import complete_checkpoints
@@ -41,15 +41,6 @@ def _slow_recipe(write_recipe, tmp_path, max_steps: int = 60) -> tuple[Path, Pat
 
 def _rank_pids(out: Path) -> set[int]:
     return {int(line.split()[0]) for log in out.glob("steps-rank*.log") for line in log.read_text().splitlines()}
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def test_two_ranks_train_and_write_one_run_with_data_prepared_first(write_recipe, tmp_path):
@@ -79,7 +70,7 @@ def test_ctrl_c_to_ft_stops_both_ranks_with_exit_130(write_recipe, tmp_path):
     _, stderr = ft.communicate(timeout=300)
     assert ft.returncode == 130, stderr[-3000:]
     assert len(complete_checkpoints(out)) == 1
-    assert not [pid for pid in _rank_pids(out) if _alive(pid)]
+    assert not [pid for pid in _rank_pids(out) if alive(pid)]
 
 
 def test_no_rank_outlives_ft_killed_with_sigkill(write_recipe, tmp_path):
@@ -91,7 +82,7 @@ def test_no_rank_outlives_ft_killed_with_sigkill(write_recipe, tmp_path):
     ranks = _rank_pids(out)
     assert len(ranks) == 2
     deadline = time.monotonic() + 120  # the kernel sends each rank SIGTERM: they save and end
-    while any(_alive(pid) for pid in ranks):
+    while any(alive(pid) for pid in ranks):
         assert time.monotonic() < deadline, "ranks kept running after ft was killed"
         time.sleep(0.2)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, assert_same_final_weights, final_weights, tiny_sft
+from conftest import ROOT, alive, assert_same_final_weights, final_weights, tiny_sft
 
 from ft.outputs.checkpoints import complete_checkpoints
 
@@ -69,15 +69,6 @@ class HoldForStop(TrainerCallback):
                     break
                 time.sleep(0.01)
 """
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _port() -> int:
@@ -181,7 +172,7 @@ def test_sigterm_to_one_node_stops_both_at_one_checkpoint_and_the_commands_resum
     assert code0 == 143 and "another node received SIGTERM" in stderr0, stderr0[-3000:]
     assert "Traceback" not in stderr0 + stderr1 and "SignalException" not in stderr0 + stderr1
     ranks = [int(pid) for pid in (out / "ranks.log").read_text().split()]
-    assert len(ranks) == 4 and not [pid for pid in ranks if _alive(pid)], "a rank outlived its launcher"
+    assert len(ranks) == 4 and not [pid for pid in ranks if alive(pid)], "a rank outlived its launcher"
     (checkpoint,) = complete_checkpoints(out)
     assert checkpoint.name == "checkpoint-4"
     assert {f"rng_state_{rank}.pth" for rank in range(4)} <= {p.name for p in checkpoint.iterdir()}
