@@ -96,9 +96,14 @@ class StopWatch:
         os._exit(exit_code(signal.SIGINT))
 
     def __exit__(self, *exc):
+        """Put back the handlers from before; but after a stop taken at a step end (``pass_on`` off), SIGTERM stays
+        ignored for the rest of the process. It is ending with that stop (its summary, exit 143), and on several
+        processes torch's launcher stops a node's remaining ranks with SIGTERM once one has exited non-zero: with the
+        default action, a rank still writing its summary was killed by it (and its launcher took the run for failed)."""
         for signum, previous in self._previous.items():
             if signal.getsignal(signum) in (self._on_sigterm, self._on_sigint):  # transformers may have restored its
-                signal.signal(signum, previous)
+                stopping = signum == signal.SIGTERM and self.received is not None and not self.pass_on
+                signal.signal(signum, signal.SIG_IGN if stopping else previous)
         return False
 
 
