@@ -88,6 +88,22 @@ def test_an_explicit_find_unused_parameters_wins(write_recipe, tmp_path):
     assert "distributed.find_unused_parameters" in errors["train.ddp_find_unused_parameters"]
 
 
+def test_launch_collective_timeout_is_the_process_groups_timeout(write_recipe, tmp_path):
+    """launch.collective_timeout becomes TrainingArguments' ddp_timeout (what init_process_group waits in a collective,
+    for every distributed: kind); unset, transformers' own 1800 s; train.ddp_timeout saying otherwise is refused,
+    naming both, and wins as any train: key does when it agrees."""
+    from trl import SFTConfig
+
+    recipe = _recipe(write_recipe, tmp_path, {"launch": {"collective_timeout": 45}})
+    assert distributed.collective_timeout(recipe) == {"ddp_timeout": 45}
+    config = trl_config(SFTConfig, recipe, {"use_cpu": True, **distributed.collective_timeout(recipe)})
+    assert config.ddp_timeout == 45 and config.ddp_timeout_delta.total_seconds() == 45
+    assert distributed.collective_timeout(_recipe(write_recipe, tmp_path, {})) == {"ddp_timeout": 1800}
+    errors = _errors(write_recipe, tmp_path, {"launch": {"collective_timeout": 45}, "train.ddp_timeout": 60})
+    assert "launch.collective_timeout" in errors["train.ddp_timeout"]
+    _recipe(write_recipe, tmp_path, {"launch": {"collective_timeout": 45}, "train.ddp_timeout": 45})
+
+
 EVERY_METHOD = """
 import json, sys, torch
 from ft.recipe import load_recipe

@@ -283,3 +283,32 @@ def test_cuda_base_image_is_pinned_to_a_torch_that_pyproject_allows():
     torch = next(Requirement(dep) for dep in PYPROJECT["project"]["dependencies"] if Requirement(dep).name == "torch")
     assert torch.specifier.contains(Version(match.group(1))), \
         f"the base image's torch {match.group(1)} is outside pyproject.toml's {torch}"
+
+
+def test_the_two_node_kubernetes_job_starts_one_launcher_per_pod_meeting_at_pod_0():
+    """docker/k8s-two-nodes.yaml: an Indexed Job of two pods whose index is each one's --node-rank, meeting at pod 0's
+    DNS name through a headless Service that selects them; only flags ft's launcher reads, a --set the recipe takes,
+    an exit 2 that fails the Job instead of retrying it, and a grace period for the stop's checkpoint. (The SLURM
+    script, docker/slurm-two-nodes.sbatch, is run for real: tests/test_nodes.py.)"""
+    from ft.recipe import load_recipe
+    from ft.run.launch import FLAGS
+
+    service, job = yaml.safe_load_all((DOCKER / "k8s-two-nodes.yaml").read_text())
+    spec, name = job["spec"], job["metadata"]["name"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    command, recipe, *rest = container["args"]
+    flags = dict(zip(rest[::2], rest[1::2], strict=True))
+    assert command == "train" and (ROOT / recipe).is_file()
+    assert set(flags) - {"--set"} <= set(FLAGS) and flags["--nnodes"] == str(spec["completions"])
+    assert flags["--node-rank"] == "$(JOB_COMPLETION_INDEX)"  # the Job controller's env var, expanded by the kubelet
+    assert flags["--master-addr"] == f"{name}-0.{pod['subdomain']}" and pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {
+        "batch.kubernetes.io/job-name": name}
+    port = int(flags["--master-port"])
+    assert [p["port"] for p in service["spec"]["ports"]] == [port] == [p["containerPort"] for p in container["ports"]]
+    assert load_recipe(ROOT / recipe, [flags["--set"]]).recipe.launch.join_timeout == 600
+    fail = [rule for rule in spec["podFailurePolicy"]["rules"] if rule["action"] == "FailJob"]
+    assert fail[0]["onExitCodes"]["values"] == [2] and pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] >= 120

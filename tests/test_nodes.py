@@ -2,8 +2,12 @@
 --master-port P --num-processes 2`` launcher on this machine, the two meeting through torch's static rendezvous on
 loopback (gloo on CPU), four ranks in all. They train what one launcher of four processes trains, bit for bit; a
 node that never joins, or a port already taken, is an exit 2 naming it, not a hang; SIGTERM to one node stops both at
-one checkpoint (each launcher exits 143) and the same two commands resume it to the uninterrupted run's weights
-(within float rounding: the test says why).
+one checkpoint (each launcher exits 143) and the same two commands resume it; a node that dies later (launcher and
+ranks SIGKILLed) is named by the other, which exits 1, and the same commands resume again, to the uninterrupted run's
+weights (within float rounding: the test says why).
+
+The uninterrupted two-node run is started by the shipped SLURM script, docker/slurm-two-nodes.sbatch, with stand-ins
+for srun and scontrol. Nodes started with different recipes or process counts are refused on both.
 
 Every launcher runs in its own process group with a bounded wait, and each test process takes its ports from a range
 of its own (``_port``), so the suite's parallel workers never meet on one."""
@@ -51,13 +55,21 @@ def _own_stop() -> bool:
 class HoldForStop(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         with (Path(args.output_dir) / "ranks.log").open("a") as log:
-            log.write(f"{os.getpid()}\\n")
+            log.write(f"{os.getpid()} {args.process_index}\\n")
 
     def on_step_end(self, args, state, control, **kwargs):
         out = Path(args.output_dir)
         if args.process_index == 0:
             (out / "progress.tmp").write_text(str(state.global_step))
             (out / "progress.tmp").replace(out / "progress")
+        lose = out / "lose-at"  # "STEP RANK": the ranks from RANK on hold at STEP
+        step, first = map(int, lose.read_text().split()) if lose.exists() else (0, 0)
+        if state.global_step == step and args.process_index >= first:
+            # they stay at this step until the test kills them; the others go on into the next collective
+            (out / f"held-{args.process_index}").write_text("")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
         hold = out / "hold-at"
         if hold.exists() and state.global_step == int(hold.read_text()):
             deadline = time.monotonic() + 120
@@ -80,9 +92,9 @@ def _port() -> int:
     raise AssertionError("no free port")
 
 
-def _node(recipe: Path, rank: int, port: int, *extra: str) -> list[str]:
+def _node(recipe: Path, rank: int, port: int, *extra: str, processes: int = 2) -> list[str]:
     return [sys.executable, "-m", "ft", "train", str(recipe), "--nnodes", "2", "--node-rank", str(rank),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), "--num-processes", "2", *extra]
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--num-processes", str(processes), *extra]
 
 
 def _start(command: list[str]) -> subprocess.Popen:
@@ -111,14 +123,52 @@ def _recipe(out: Path, **extra) -> dict:
     return {**recipe, "adapter": {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.1}, **extra}
 
 
+# stand-ins for SLURM's commands, enough for docker/slurm-two-nodes.sbatch on this machine: srun starts its command
+# once per node of the job (SLURM_NODEID 0, 1, ...) and passes SIGTERM on; scontrol names this machine as every node
+SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do
+  SLURM_NODEID=$node "$@" &
+  pids+=($!)
+done
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=$?
+done
+exit "$status"
+"""
+SCONTROL = """#!/bin/bash
+case "$1" in
+  show) echo 127.0.0.1; echo 127.0.0.1 ;;
+  requeue) echo "$2" >> "$SLURM_REQUEUED" ;;
+esac
+"""
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory) -> Path:
-    """The output directory of an uninterrupted two-node run of ``_recipe``."""
+    """The output directory of an uninterrupted two-node run of ``_recipe``, started by the shipped SLURM script
+    (docker/slurm-two-nodes.sbatch) with stand-ins for srun and scontrol: one ``ft train`` per node, the second node
+    meeting the first at the address scontrol gives."""
     folder = tmp_path_factory.mktemp("two-nodes")
     path = folder / "two.yaml"
     path.write_text(yaml.safe_dump(_recipe(folder / "out")))
-    for code, stderr in _two_nodes(path, _port()):
-        assert code == 0, stderr[-3000:]
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**ENV, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_JOB_ID": "7", "SLURM_REQUEUED": str(folder / "requeued"),
+           "FT_MASTER_PORT": str(_port()), "FT_PROCESSES_PER_NODE": "2"}
+    job = subprocess.Popen(["bash", str(ROOT / "docker" / "slurm-two-nodes.sbatch"), str(path)], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    code, stderr = _finish(job)
+    assert code == 0, stderr[-3000:]
+    assert stderr.count("(this one: node 0)") == stderr.count("(this one: node 1)") == 1, stderr[-3000:]
+    assert not (folder / "requeued").exists()  # completed: not queued again
     return folder / "out"
 
 
@@ -130,6 +180,19 @@ def test_two_nodes_train_what_one_node_of_four_processes_trains(two_nodes, write
                             env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_final_weights(two_nodes, tmp_path / "one")
+
+
+def test_two_nodes_meeting_at_a_c10d_rendezvous_train_the_same(two_nodes, write_recipe, tmp_path):
+    """--rdzv-endpoint instead of --master-addr/--node-rank: the c10d rendezvous numbers the nodes in the order they
+    arrive (the first serves its store on the endpoint's port), and the run is the static rendezvous's, bit for bit."""
+    recipe = write_recipe(_recipe(tmp_path / "c10d"), name="c10d.yaml")
+    endpoint = f"127.0.0.1:{_port()}"
+    command = [sys.executable, "-m", "ft", "train", str(recipe), "--nnodes", "2", "--rdzv-endpoint", endpoint,
+               "--num-processes", "2"]
+    for code, stderr in [_finish(node) for node in [_start(command), _start(command)]]:
+        assert code == 0, stderr[-3000:]
+    assert json.loads((tmp_path / "c10d" / "summary.json").read_text())["world_size"] == 4
+    assert_same_final_weights(tmp_path / "c10d", two_nodes)
 
 
 def test_a_node_that_never_joins_is_named_within_the_join_timeout(write_recipe, tmp_path):
@@ -152,27 +215,44 @@ def test_a_port_in_use_is_named_instead_of_waited_on(write_recipe, tmp_path):
     assert "Traceback" not in stderr
 
 
-def test_sigterm_to_one_node_stops_both_at_one_checkpoint_and_the_commands_resume(two_nodes, write_recipe,
-                                                                                     tmp_path):
+def test_nodes_started_differently_are_refused_on_every_node_before_anything_loads(write_recipe, tmp_path):
+    """Node 1 started with another learning rate (a --set) and one process instead of two: every rank compares what
+    it was started with through the rendezvous store, and both launchers exit 2 naming each difference."""
+    recipe = write_recipe(_recipe(tmp_path / "out"), name="differs.yaml")
+    port = _port()
+    nodes = [_start(_node(recipe, 0, port)),
+             _start(_node(recipe, 1, port, "--set", "optimizer.lr=0.002", processes=1))]
+    for code, stderr in (_finish(node, timeout=120) for node in nodes):
+        assert code == 2, stderr[-3000:]
+        assert ("node 1 differs from node 0 in processes per node (1 on node 1, 2 on node 0), optimizer.lr (0.002 on "
+                "node 1, 0.003 on node 0)") in stderr, stderr[-3000:]
+        assert "Traceback" not in stderr and "nothing was trained" in stderr.lower()
+    assert not (tmp_path / "out" / "checkpoint-1").exists()
+
+
+COLLECTIVE_TIMEOUT = 60  # launch.collective_timeout of the stopped run: a rank that stops answering is lost after it
+
+
+def test_a_node_preempted_then_a_node_lost_and_the_same_commands_resume_both_times(two_nodes, write_recipe, tmp_path):
+    """SIGTERM to node 1's launcher stops both nodes at one checkpoint (both exit 143) and the same commands resume;
+    then node 1 dies (its launcher and ranks SIGKILLed, as when the machine goes): node 0 exits 1 within
+    launch.collective_timeout + 30 s naming the lost node, its ranks and the checkpoint, and no process is left; the
+    same commands resume from that checkpoint again, to the uninterrupted run's weights."""
     (tmp_path / "node_steps.py").write_text(NODE_STEPS)
     out = tmp_path / "out"
-    path = write_recipe(_recipe(out, callbacks=[{"cls": "node_steps:HoldForStop"}]), name="stopped.yaml")
+    path = write_recipe(_recipe(out, callbacks=[{"cls": "node_steps:HoldForStop"}],
+                                launch={"collective_timeout": COLLECTIVE_TIMEOUT}), name="stopped.yaml")
     out.mkdir(parents=True)
     (out / "hold-at").write_text("4")
     port = _port()
     nodes = [_start(_node(path, rank, port)) for rank in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not (out / "progress").exists() or int((out / "progress").read_text() or 0) < 4:
-        ended = [node for node in nodes if node.poll() is not None]
-        assert not ended and time.monotonic() < deadline, [_finish(node)[1][-3000:] for node in ended]
-        time.sleep(0.05)
+    _wait_for(lambda: (out / "progress").exists() and int((out / "progress").read_text() or 0) >= 4, nodes)
     nodes[1].send_signal(signal.SIGTERM)  # node 1's launcher alone: it passes the signal on to its ranks
     (code0, stderr0), (code1, stderr1) = (_finish(node) for node in nodes)
     assert code1 == 143, stderr1[-3000:]
     assert code0 == 143 and "another node received SIGTERM" in stderr0, stderr0[-3000:]
     assert "Traceback" not in stderr0 + stderr1 and "SignalException" not in stderr0 + stderr1
-    ranks = [int(pid) for pid in (out / "ranks.log").read_text().split()]
-    assert len(ranks) == 4 and not [pid for pid in ranks if alive(pid)], "a rank outlived its launcher"
+    assert len(_ranks(out)) == 4 and not [pid for pid in _ranks(out) if alive(pid)], "a rank outlived its launcher"
     (checkpoint,) = complete_checkpoints(out)
     assert checkpoint.name == "checkpoint-4"
     assert {f"rng_state_{rank}.pth" for rank in range(4)} <= {p.name for p in checkpoint.iterdir()}
@@ -181,7 +261,27 @@ def test_sigterm_to_one_node_stops_both_at_one_checkpoint_and_the_commands_resum
     resume = summary["resume_command"]  # rank 0's launcher, node 0's command; node 1 runs its own again
     assert resume.startswith("ft ") and resume.endswith(shlex.join(_node(path, 0, port)[3:])), resume
 
+    # resumed, node 1 is lost after step 6: its ranks wait there, node 0's go on into step 7's all-reduce
     (out / "hold-at").unlink()
+    (out / "lose-at").write_text("6 2")  # node 1's ranks
+    port = _port()
+    nodes = [_start(_node(path, rank, port)) for rank in (0, 1)]
+    _wait_for(lambda: (out / "held-2").exists() and (out / "held-3").exists(), nodes)
+    for pid, rank in _ranks(out, with_rank=True)[-4:]:
+        if rank >= 2:
+            os.kill(pid, signal.SIGKILL)
+    os.kill(nodes[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code0, stderr0 = _finish(nodes[0], timeout=COLLECTIVE_TIMEOUT + 30)
+    nodes[1].communicate()
+    assert code0 == 1 and time.monotonic() - killed < COLLECTIVE_TIMEOUT + 30, stderr0[-3000:]
+    assert "node 1 (ranks 2, 3) was lost after step 6 of 8" in stderr0, stderr0[-3000:]
+    assert f"The newest complete checkpoint is {checkpoint}" in stderr0 and "Traceback" not in stderr0
+    assert not [pid for pid in _ranks(out) if alive(pid)], "a rank outlived the lost node"
+    failure = json.loads((out / "summary.json").read_text())["failure"]
+    assert failure and failure["type"] == "PeerLost", failure
+
+    (out / "lose-at").unlink()
     (code0, stderr0), (code1, stderr1) = _two_nodes(path, _port())
     assert code0 == code1 == 0 and f"resuming from {checkpoint}" in stderr0, (stderr0 + stderr1)[-3000:]
     # within float rounding, not bit for bit: DDP reduces a run's first step over its initial gradient buckets and
@@ -193,6 +293,22 @@ def test_sigterm_to_one_node_stops_both_at_one_checkpoint_and_the_commands_resum
     assert weights.keys() == expected.keys() and weights
     worst = max(float((weights[name] - expected[name]).abs().max()) for name in weights)
     assert worst <= 1e-6, worst
+
+
+def _wait_for(condition, nodes: list[subprocess.Popen], seconds: float = 300) -> None:
+    """Poll ``condition`` (a file the ranks write) until it holds; fail at once, with their output, when a node ended
+    first, and after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        ended = [node for node in nodes if node.poll() is not None]
+        assert not ended and time.monotonic() < deadline, [_finish(node)[1][-3000:] for node in ended]
+        time.sleep(0.05)
+
+
+def _ranks(out: Path, with_rank: bool = False) -> list:
+    """The process ids HoldForStop logged, every run's in order (with ``with_rank``: (pid, global rank) pairs)."""
+    pairs = [tuple(map(int, line.split())) for line in (out / "ranks.log").read_text().splitlines()]
+    return pairs if with_rank else [pid for pid, _ in pairs]
 
 
 def test_a_refusal_on_several_nodes_stays_exit_2_and_a_stop_elsewhere_is_143():

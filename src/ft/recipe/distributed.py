@@ -46,6 +46,11 @@ class LaunchSection(Section):
     join_timeout: PositiveInt = Field(
         300, description="Seconds the machines of a several-machine run wait for each other to join; past it each "
         "exits 2 naming how many joined and where they met.")
+    collective_timeout: PositiveInt = Field(
+        1800, description="Seconds a rank waits in one collective (a gradient all-reduce, a barrier while rank 0 "
+        "saves) before it takes the others for lost: then each surviving rank exits 1 naming the ranks and node "
+        "that stopped answering, the step and the newest complete checkpoint. Sets TrainingArguments' ddp_timeout; "
+        "keep it above your longest checkpoint save. A process that dies is noticed at once, without it.")
 
     checked_endpoint = field_validator("rdzv_endpoint")(_endpoint)
 

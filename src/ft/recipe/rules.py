@@ -880,6 +880,20 @@ def launch_machines_meet(recipe: Recipe) -> list[Problem]:
 
 
 @rule
+def one_collective_timeout(recipe: Recipe) -> list[Problem]:
+    """``launch.collective_timeout`` is TrainingArguments' ``ddp_timeout``: a recipe that sets both to different
+    values says two things about one setting."""
+    launch, timeout = recipe.launch, recipe.train_args.get("ddp_timeout")
+    if launch is None or "collective_timeout" not in launch.model_fields_set or timeout is None:
+        return []
+    if timeout == launch.collective_timeout:
+        return []
+    return error("train.ddp_timeout", f"is {timeout} s and `launch.collective_timeout` is "
+                 f"{launch.collective_timeout} s: they are one setting (the seconds a rank waits in a collective "
+                 "before it takes the others for lost); keep launch.collective_timeout and remove train.ddp_timeout.")
+
+
+@rule
 def accelerate_config_launches_alone(recipe: Recipe) -> list[Problem]:
     """``accelerate launch --config_file`` reads the processes, machines and addresses from that file."""
     launch = recipe.launch

@@ -245,7 +245,7 @@ def _elastic(launch: Launch, args: list[str]) -> dict[int, int]:
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # ft says what happens, once
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # ft says what happens, once
     if launch.rdzv_endpoint:
         backend, endpoint, configs = "c10d", launch.rdzv_endpoint, {"join_timeout": launch.join_timeout}
     elif launch.nnodes > 1 or launch.master_port:

@@ -33,12 +33,13 @@ from ..outputs.summary import (
 from ..recipe import LoadedRecipe, Problem, Recipe, RecipeError
 from ..recipe.errors import first_line
 from ..recipe.methods import METHODS
-from ..recipe.resolved import resolved_recipe_yaml
+from ..recipe.redact import redact
+from ..recipe.resolved import resolved_dict, resolved_recipe_yaml
 from ..trainers import distributed, preflight
 from ..trainers.build import TrainerInputs, build_trainer
 from ..trainers.hooks import Hooks, resolve_hooks
 from ..trainers.plugins import PluginError
-from . import hub, inputs, launch, ranks, signals
+from . import hub, inputs, launch, peers, ranks, signals
 from .drift import check_drift
 
 
@@ -155,9 +156,11 @@ def _held_with_reserve(held: contextlib.AbstractContextManager[None], output_dir
 
 
 def _check_machine(run: _Run) -> None:
-    """Refuse (a RecipeError, exit 2, nothing loaded) what this machine cannot run, a push without a token or to a
-    repository it cannot write, a repository it cannot read, a GGUF file it cannot use."""
+    """Refuse (exit 2, nothing loaded) nodes started differently (``peers.agree``); and, as a RecipeError, what this
+    machine cannot run, a push without a token or to a repository it cannot write, a repository it cannot read, a
+    GGUF file it cannot use."""
     recipe = run.recipe
+    peers.agree(redact(resolved_dict(recipe)), versions())  # several nodes: started alike, or refused on every one
     run.hw = hardware.probe()
     problems = (hardware.check_hardware(recipe, run.hw, ranks.world_size()) + hub.check_hub(recipe)
                 + hub.check_reads(recipe) + loading.gguf_problems(recipe.model)
@@ -310,15 +313,29 @@ def _failure_recorded(run: _Run):
     except Exception as exc:
         saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
         full = disk.explain(exc, run.output_dir, run.command, final=saving) if run.main else None  # removes the half
+        lost = _peers_lost(run, exc)
         if run.main:
             disk.free_reserve(run.output_dir)  # the room summary.json and error.log are written in
             seconds = phases["train"] if phases["train"] is not None else time.perf_counter() - run.started
             log = _write_traceback(exc, run.output_dir)
-            _write_failure(exc, run.output_dir, run.recipe, run.prepared, run.trainer, seconds, run.facts,
+            _write_failure(lost or exc, run.output_dir, run.recipe, run.prepared, run.trainer, seconds, run.facts,
                            run.wall_started, run.say, log)
         if full is not None:
             raise full from None
+        if lost is not None:
+            raise lost from exc
         raise
+
+
+def _peers_lost(run: _Run, exc: Exception) -> peers.PeerLost | None:
+    """On several processes, a collective that failed because other ranks are gone: the paragraph naming them
+    (``ft.run.peers``); None for any other failure."""
+    if ranks.world_size() == 1 or run.trainer is None or not peers.peer_failure(exc):
+        return None
+    state = run.trainer.state
+    saved = checkpoints.complete_checkpoints(run.output_dir)
+    return peers.explain(exc, peers.roll_call(), state.global_step, state.max_steps, run.trainer.args.ddp_timeout,
+                         str(saved[-1]) if saved else None, run.command)
 
 
 def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
@@ -341,6 +358,7 @@ def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
                                                       run.output_dir / "eval", run.say))
         if run.resume_from:
             trainer.add_callback(_nothing_left_to_train())
+        peers.beat()  # several processes: what a survivor's roll call reads when ranks are lost
         try:
             trainer.train(resume_from_checkpoint=run.resume_from)
         except _NothingLeftToTrain:
@@ -602,7 +620,7 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
     # ft's defaults: this machine's, then what distributed: maps to (over the machine's), then JIT checkpointing
     defaults = {**hardware.device_defaults(recipe, hw),
                 **distributed.training_args(recipe, ranks.world_size(), cuda=hw.cuda, model=model),
-                **checkpoints.JIT_DEFAULT}
+                **distributed.collective_timeout(recipe), **checkpoints.JIT_DEFAULT}
     sharded = bool(defaults.get("fsdp") or defaults.get("deepspeed"))
     # a vision-language model's adapter goes on its language model only (said, with how to opt the tower in)
     lora = adapters.lora_config(recipe.adapter, new_token_ids, METHODS[recipe.method].peft_task)

@@ -36,7 +36,7 @@ import copy
 import os
 
 from ..recipe import Recipe
-from ..recipe.distributed import DeepSpeedSettings
+from ..recipe.distributed import DeepSpeedSettings, LaunchSection
 
 FSDP_STATE_DICT = {"sharded": "SHARDED_STATE_DICT", "full": "FULL_STATE_DICT"}
 RESHARD_AFTER_FORWARD = {"full": True, "hybrid": True, "shard_grad_op": False}  # FSDP2 (no_shard: refused)
@@ -54,6 +54,14 @@ def training_args(recipe: Recipe, world_size: int, *, cuda: bool = False, model=
         return {"deepspeed": deepspeed_config(recipe.distributed.deepspeed_settings)}
     unused = recipe.distributed.find_unused_parameters
     return {"ddp_find_unused_parameters": needs_unused_parameter_search(model) if unused is None else unused}
+
+
+def collective_timeout(recipe: Recipe) -> dict:
+    """TrainingArguments' ``ddp_timeout`` (the process group's timeout, whatever ``distributed:`` says): the seconds a
+    rank waits in one collective before it fails, ``launch.collective_timeout`` (its default when the recipe has no
+    ``launch:``); ``ft.run.peers`` then names the ranks that stopped answering."""
+    launch = recipe.launch or LaunchSection()
+    return {"ddp_timeout": launch.collective_timeout}
 
 
 def needs_unused_parameter_search(model) -> bool:
