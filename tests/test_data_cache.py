@@ -62,6 +62,21 @@ def test_a_kept_run_is_read_back_with_the_same_rows_figures_and_lines(private_ca
     assert reused.train.cache_files  # read from the entry's files, not tokenized again in memory
 
 
+def test_an_entry_damaged_by_hand_is_said_and_tokenized_again(private_cache, write_recipe, tmp_path):
+    """An Arrow file deleted under the entry's whole manifest: the run says so and tokenizes again (no traceback), and
+    the main process keeps a whole entry in its place, which the next run reads back."""
+    path = _recipe(write_recipe, tmp_path)
+    built, _ = _prepare(path)
+    (entry,) = (private_cache / "data").iterdir()
+    for arrow in (entry / "train").glob("*.arrow"):
+        arrow.unlink()
+    again, said = _prepare(path)
+    assert any("could not be read; tokenizing it again" in line for line in said), said
+    assert again.stats["prepared"] == f"built {entry} (FT_CACHE_DATA)" and list((entry / "train").glob("*.arrow"))
+    assert _rows(again.train) == _rows(built.train)
+    assert _prepare(path)[0].stats["prepared"] == f"reused {entry} (FT_CACHE_DATA)"
+
+
 def test_what_shapes_the_rows_makes_another_entry(private_cache, write_recipe, tmp_path):
     path = _recipe(write_recipe, tmp_path)
     first, _ = _prepare(path)

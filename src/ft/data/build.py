@@ -103,10 +103,13 @@ def _kept_or_tokenized(recipe: Recipe, tokenizer, template: str | None, say, ima
         components = cache.fingerprint(recipe, tokenizer, template, processor)
         entry = cache.kept_entry(components)
     if entry is not None and cache.check(entry, components).status == "fresh":
-        train, evaluation, stats = cache.load(entry)
-        for line in stats.pop(cache.SAID, []):
-            say(line)
-        return PreparedData(train, evaluation, {**stats, "prepared": f"reused {entry} ({cache.DATA_SWITCH})"})
+        kept = cache.load_kept(entry, discard=builder)
+        if kept is not None:
+            train, evaluation, stats = kept
+            for line in stats.pop(cache.SAID, []):
+                say(line)
+            return PreparedData(train, evaluation, {**stats, "prepared": f"reused {entry} ({cache.DATA_SWITCH})"})
+        say(f"ft: the tokenized data kept in {entry} ({cache.DATA_SWITCH}) could not be read; tokenizing it again")
     said: list[str] = []
 
     def saying(line: str) -> None:

@@ -132,6 +132,18 @@ def save(path: Path, train, evaluation, components: dict[str, str], stats: dict)
     staging.rename(path)
 
 
+def load_kept(entry: Path, discard: bool) -> tuple[object, object | None, dict] | None:
+    """``load`` of an entry of ft's cache; None when it cannot be read (changed by hand: an Arrow file deleted under
+    its whole manifest), and then the entry is removed when ``discard`` (the main process, which keeps a new one in
+    its place: ``keep`` never replaces an entry that exists)."""
+    try:
+        return load(entry)
+    except (OSError, ValueError):
+        if discard:
+            shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
 def kept_entry(components: dict[str, str]) -> Path | None:
     """Where ft's cache keeps the tokenized data of ``components`` (``fingerprint``), when ``FT_CACHE_DATA`` asks for
     it; None otherwise, and for data a fingerprint cannot pin (a hub dataset at no fixed revision)."""
