@@ -182,19 +182,6 @@ def test_two_nodes_train_what_one_node_of_four_processes_trains(two_nodes, write
     assert_same_final_weights(two_nodes, tmp_path / "one")
 
 
-def test_two_nodes_meeting_at_a_c10d_rendezvous_train_the_same(two_nodes, write_recipe, tmp_path):
-    """--rdzv-endpoint instead of --master-addr/--node-rank: the c10d rendezvous numbers the nodes in the order they
-    arrive (the first serves its store on the endpoint's port), and the run is the static rendezvous's, bit for bit."""
-    recipe = write_recipe(_recipe(tmp_path / "c10d"), name="c10d.yaml")
-    endpoint = f"127.0.0.1:{_port()}"
-    command = [sys.executable, "-m", "ft", "train", str(recipe), "--nnodes", "2", "--rdzv-endpoint", endpoint,
-               "--num-processes", "2"]
-    for code, stderr in [_finish(node) for node in [_start(command), _start(command)]]:
-        assert code == 0, stderr[-3000:]
-    assert json.loads((tmp_path / "c10d" / "summary.json").read_text())["world_size"] == 4
-    assert_same_final_weights(tmp_path / "c10d", two_nodes)
-
-
 def test_a_node_that_never_joins_is_named_within_the_join_timeout(write_recipe, tmp_path):
     recipe = write_recipe(_recipe(tmp_path / "out"), name="alone.yaml")
     started = time.monotonic()
@@ -233,11 +220,11 @@ def test_nodes_started_differently_are_refused_on_every_node_before_anything_loa
 COLLECTIVE_TIMEOUT = 60  # launch.collective_timeout of the stopped run: a rank that stops answering is lost after it
 
 
-def test_a_node_preempted_then_a_node_lost_and_the_same_commands_resume_both_times(two_nodes, write_recipe, tmp_path):
+def test_a_node_preempted_then_a_node_lost_and_the_run_resumes_both_times(two_nodes, write_recipe, tmp_path):
     """SIGTERM to node 1's launcher stops both nodes at one checkpoint (both exit 143) and the same commands resume;
     then node 1 dies (its launcher and ranks SIGKILLed, as when the machine goes): node 0 exits 1 within
-    launch.collective_timeout + 30 s naming the lost node, its ranks and the checkpoint, and no process is left; the
-    same commands resume from that checkpoint again, to the uninterrupted run's weights."""
+    launch.collective_timeout + 30 s naming the lost node, its ranks and the checkpoint, and no process is left; two
+    nodes meeting at a c10d rendezvous resume from that checkpoint, to the uninterrupted run's weights."""
     (tmp_path / "node_steps.py").write_text(NODE_STEPS)
     out = tmp_path / "out"
     path = write_recipe(_recipe(out, callbacks=[{"cls": "node_steps:HoldForStop"}],
@@ -281,9 +268,14 @@ def test_a_node_preempted_then_a_node_lost_and_the_same_commands_resume_both_tim
     failure = json.loads((out / "summary.json").read_text())["failure"]
     assert failure and failure["type"] == "PeerLost", failure
 
+    # the two nodes meet at a c10d rendezvous this time (--rdzv-endpoint: numbered in the order they arrive, the first
+    # serving the store on the endpoint's port) and take up the static rendezvous's run from its checkpoint
     (out / "lose-at").unlink()
-    (code0, stderr0), (code1, stderr1) = _two_nodes(path, _port())
-    assert code0 == code1 == 0 and f"resuming from {checkpoint}" in stderr0, (stderr0 + stderr1)[-3000:]
+    c10d = [sys.executable, "-m", "ft", "train", str(path), "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{_port()}",
+            "--num-processes", "2"]
+    (code0, stderr0), (code1, stderr1) = [_finish(node) for node in [_start(c10d), _start(c10d)]]
+    assert code0 == code1 == 0 and f"resuming from {checkpoint}" in stderr0 + stderr1, (stderr0 + stderr1)[-3000:]
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 4
     # within float rounding, not bit for bit: DDP reduces a run's first step over its initial gradient buckets and
     # every later one over buckets rebuilt in the order the first step's gradients came, so the resumed run's first
     # step (step 5) sums each gradient's four ranks in another order than the uninterrupted run's step 5 did (with two
