@@ -1,11 +1,10 @@
-"""`ft train --num-processes 2` on CPU: ft starts both ranks itself, they train data-parallel and write one run;
-Ctrl-C to ft stops both ranks at one checkpoint with ft exiting 130 and no rank left (SIGTERM, exit 143 and the
-printed command resuming: tests/test_nodes.py, where one node's launcher is stopped); a SIGKILL of ft leaves no rank
-behind either. Data is prepared once before the ranks start."""
+"""`ft train --num-processes 2` on CPU: ft starts both ranks itself; Ctrl-C to ft stops both at one checkpoint with ft
+exiting 130 and no rank left (SIGTERM, exit 143 and the printed command resuming: tests/test_nodes.py, where one
+node's launcher is stopped); a SIGKILL of ft leaves no rank behind either; a rank killed is named by the other. (A
+whole run, its data prepared once before the ranks start: tests/test_run_lock.py, which holds one mid-run.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, alive, run_ft, tiny_sft
 from test_checkpoints import SLOW_STEPS, STEP_LOG, hold_at, signal_at_step
+from test_nodes import NODE_STEPS
 
 from ft.outputs.checkpoints import complete_checkpoints
 from ft.run.launch import rank_argv
@@ -43,25 +43,6 @@ def _rank_pids(out: Path) -> set[int]:
     return {int(line.split()[0]) for log in out.glob("steps-rank*.log") for line in log.read_text().splitlines()}
 
 
-def test_two_ranks_train_and_write_one_run_with_data_prepared_first(write_recipe, tmp_path):
-    out = tmp_path / "out"
-    recipe = tiny_sft(out, max_steps=6, save_strategy="steps", save_steps=6)
-    recipe["data"]["prepared_path"] = str(tmp_path / "prepared")
-    result = subprocess.run(_ft(write_recipe(recipe)), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "starting 2 processes" in result.stderr and "× 2 processes" in result.stderr
-    assert result.stderr.count("ft: done") == 1
-    # ft tokenized once, in the launching process, before the ranks started; both ranks then reused it
-    assert result.stderr.index("preparing the data once") < result.stderr.index("× 2 processes")
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["steps"] == 6
-    assert summary["data"]["prepared"].startswith("reused")
-    from transformers import AutoModelForCausalLM
-
-    assert AutoModelForCausalLM.from_pretrained(out / "final").num_parameters() > 0
-
-
 def test_ctrl_c_to_ft_stops_both_ranks_with_exit_130(write_recipe, tmp_path):
     path, out = _slow_recipe(write_recipe, tmp_path)
     hold_at(out, 5)
@@ -85,6 +66,34 @@ def test_no_rank_outlives_ft_killed_with_sigkill(write_recipe, tmp_path):
     while any(alive(pid) for pid in ranks):
         assert time.monotonic() < deadline, "ranks kept running after ft was killed"
         time.sleep(0.2)
+
+
+def test_a_rank_killed_is_named_by_the_other_with_its_step_and_the_checkpoint(write_recipe, tmp_path):
+    """SIGKILL of one rank's process (the kernel's OOM killer does this) after step 3, checkpoint-2 saved: the other
+    rank's next all-reduce fails, its roll call finds rank 1's heartbeat stopped, and ft exits 1 naming rank 1, the
+    step and the checkpoint to resume from; no rank is left."""
+    (tmp_path / "node_steps.py").write_text(NODE_STEPS)
+    out = tmp_path / "out"
+    recipe = tiny_sft(out, max_steps=6, save_strategy="steps", save_steps=2)
+    path = write_recipe({**recipe, "callbacks": [{"cls": "node_steps:HoldForStop"}]})
+    out.mkdir(parents=True)
+    (out / "lose-at").write_text("3 1")  # rank 1 waits after step 3; rank 0 goes on into step 4's all-reduce
+    ft = subprocess.Popen(_ft(path), cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "held-1").exists():
+            assert ft.poll() is None and time.monotonic() < deadline, ft.communicate()[1][-3000:]
+            time.sleep(0.05)
+        ranks = dict(reversed(line.split()) for line in (out / "ranks.log").read_text().splitlines())
+        os.kill(int(ranks["1"]), signal.SIGKILL)
+        _, stderr = ft.communicate(timeout=120)
+    finally:
+        if ft.poll() is None:
+            os.killpg(ft.pid, signal.SIGKILL)
+    assert ft.returncode == 1, stderr[-3000:]
+    assert "rank 1 (node 0) was lost after step 3 of 6" in stderr, stderr[-3000:]
+    assert f"The newest complete checkpoint is {out / 'checkpoint-2'}" in stderr and "Traceback" not in stderr
+    assert not [pid for pid in map(int, ranks.values()) if alive(pid)]
 
 
 def test_launch_settings_are_checked_before_any_rank_starts(write_recipe, tmp_path):

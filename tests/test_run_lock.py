@@ -158,21 +158,27 @@ class HoldAtStep(TrainerCallback):
 """
 
 
-def _held_run(tmp_path: Path, out: Path, *extra: str, seed: int = 0) -> tuple[subprocess.Popen, Path, Path]:
-    """``ft train`` (seed ``seed``) started and held at the end of its step 2, until ``_release``."""
+def _held_run(tmp_path: Path, out: Path, *extra: str, seed: int = 0,
+              prepared: Path | None = None) -> tuple[subprocess.Popen, Path, Path, str]:
+    """``ft train`` (seed ``seed``; its data prepared first into ``prepared`` when given) started and held at the end
+    of its step 2, until ``_release``; and what it said until then."""
     (tmp_path / "hold_at_step.py").write_text(HOLD_AT_STEP)
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
     recipe = tiny_sft(out, max_steps=4, seed=seed, save_strategy="steps", save_steps=2)
     recipe["callbacks"] = [{"cls": "hold_at_step:HoldAtStep", "kwargs": {"step": 2, "fifo": str(fifo)}}]
+    if prepared is not None:
+        recipe["data"]["prepared_path"] = str(prepared)
     path = tmp_path / "a.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     process = subprocess.Popen([sys.executable, "-m", "ft", "train", str(path), *extra], cwd=ROOT, text=True,
                                stderr=subprocess.PIPE, env={**os.environ, "TQDM_DISABLE": "1",
                                                             "PYTHONUNBUFFERED": "1"})
+    said = []
     for line in process.stderr:  # the pipe: read until the run says it holds at step 2
+        said.append(line)
         if line.startswith("HOLDING "):
-            return process, path, fifo
+            return process, path, fifo, "".join(said)
     raise AssertionError(f"the run ended before step 2 (exit {process.wait()})")
 
 
@@ -184,7 +190,7 @@ def _release(fifo: Path) -> None:
 @pytest.mark.slow
 def test_two_runs_into_one_output_dir_the_second_is_refused_while_the_first_trains(write_recipe, tmp_path):
     out = tmp_path / "out"
-    first, _, fifo = _held_run(tmp_path, out, seed=0)
+    first, _, fifo, _ = _held_run(tmp_path, out, seed=0)
     try:
         second = run_ft("train", str(write_recipe(tiny_sft(out, max_steps=4, seed=1), name="b.yaml")))
         _release(fifo)
@@ -206,8 +212,10 @@ def test_two_runs_into_one_output_dir_the_second_is_refused_while_the_first_trai
 
 @pytest.mark.slow
 def test_the_launcher_of_two_ranks_holds_the_output_dir_for_them(tmp_path):
+    """``ft train --num-processes 2``: ft prepares the data once, before the ranks start (both reuse it), holds the
+    output directory for both (a second run into it is refused, naming ft), and the two ranks write one run."""
     out = tmp_path / "out"
-    first, path, fifo = _held_run(tmp_path, out, "--num-processes", "2")
+    first, path, fifo, said = _held_run(tmp_path, out, "--num-processes", "2", prepared=tmp_path / "prepared")
     try:
         content = json.loads((out / lock.LOCK_NAME).read_text())
         second = run_ft("train", str(path))  # the same command, one process: it would resume from checkpoint-2
@@ -219,5 +227,11 @@ def test_the_launcher_of_two_ranks_holds_the_output_dir_for_them(tmp_path):
     assert content["pid"] == first.pid  # ft, the launcher: not a rank
     assert second.returncode == 2 and f"process {first.pid} on" in second.stderr, second.stderr[-3000:]
     assert first.returncode == 0, rest[-3000:]
+    stderr = said + rest
+    assert "starting 2 processes" in stderr and "× 2 processes" in stderr and stderr.count("ft: done") == 1
+    # ft tokenized once, in the launching process, before the ranks started; both ranks then reused it
+    assert stderr.index("preparing the data once") < stderr.index("× 2 processes")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["resumed_from"] is None
+    assert summary["steps"] == 4 and summary["data"]["prepared"].startswith("reused")
+    assert (out / "final" / "model.safetensors").is_file()
