@@ -185,9 +185,9 @@ def test_two_nodes_train_what_one_node_of_four_processes_trains(two_nodes, write
 def test_a_node_that_never_joins_is_named_within_the_join_timeout(write_recipe, tmp_path):
     recipe = write_recipe(_recipe(tmp_path / "out"), name="alone.yaml")
     started = time.monotonic()
-    code, stderr = _finish(_start(_node(recipe, 0, _port(), "--set", "launch.join_timeout=5")), timeout=60)
-    assert code == 2 and time.monotonic() - started < 5 + 30, stderr[-3000:]
-    assert "1 of 2 nodes joined within launch.join_timeout (5 s) at 127.0.0.1:" in stderr, stderr[-3000:]
+    code, stderr = _finish(_start(_node(recipe, 0, _port(), "--set", "launch.join_timeout=3")), timeout=60)
+    assert code == 2 and time.monotonic() - started < 3 + 10, stderr[-3000:]  # the issue: join_timeout + 10 s
+    assert "1 of 2 nodes joined within launch.join_timeout (3 s) at 127.0.0.1:" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr
 
 
