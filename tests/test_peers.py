@@ -91,7 +91,7 @@ def test_nodes_with_other_versions_or_recipes_are_refused_naming_each_difference
     import json
 
     for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "LOCAL_RANK": "0",
-                        "TORCHELASTIC_RUN_ID": "ft"}.items():
+                        "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
         monkeypatch.setenv(name, value)
     recipe = {"optimizer": {"lr": 0.003}, "launch": {"node_rank": 0}}
     versions = {"ft": "0.9.0", "torch": "2.13.0"}

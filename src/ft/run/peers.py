@@ -173,16 +173,17 @@ def explain(exc: BaseException, call: RollCall, step: int, max_steps: int, timeo
 
 
 def agree(recipe: dict, versions: dict) -> None:
-    """In a rank of an elastic launch (``ft train``'s or torchrun's) on several processes: refuse (``NodesDiffer``,
-    exit 2 on every rank, before anything loads) when the ranks were started with different recipes (``recipe``: the
-    resolved recipe, --set applied, secrets redacted; its ``launch:`` may differ per node), different ``versions`` of
-    Python, ft and the libraries, or a different number of processes per node. Each rank writes its identity to the
-    rendezvous store and reads every other's: a rank that never writes one failed before, and says why itself."""
+    """In a rank of an elastic launch (``ft train``'s or torchrun's, which serve their store) on several processes:
+    refuse (``NodesDiffer``, exit 2 on every rank, before anything loads) when the ranks were started with
+    different recipes (``recipe``: the resolved recipe, --set applied, secrets redacted; its ``launch:`` may differ
+    per node), different ``versions`` of Python, ft and the libraries, or a different number of processes per node.
+    Each rank writes its identity to the rendezvous store and reads every other's: a rank that never writes one
+    failed before, and says why itself."""
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 or "MASTER_ADDR" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
+    if world == 1 or "MASTER_ADDR" not in os.environ or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return  # no launcher's store to meet in before the process group (rank 0 would serve it only from then on)
     rank = int(os.environ.get("RANK", "0"))
     mine = {"node": int(os.environ.get("GROUP_RANK", "0")), "processes per node": os.environ.get("LOCAL_WORLD_SIZE"),
             "versions": versions, "recipe": {key: value for key, value in recipe.items() if key != "launch"}}
