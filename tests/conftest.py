@@ -32,9 +32,10 @@ ASSETS = ROOT / "assets" / "tiny-llama"
 DATA = ROOT / "data" / "arithmetic"
 
 
-# session fixtures that train a model or read the real one: every test that uses one is marked slow (the quick lane,
+# fixtures that train a model or read the real one: every test that uses one is marked slow (the quick lane,
 # `pytest -m "not slow"`, would otherwise pay for the training in whichever of its tests asks first)
-TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lora_merged", "smollm2"}
+TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lora_merged", "smollm2", "saved_run",
+                     "default_out"}
 
 
 # the files that take longest (measured, 2 cores), run first: pytest-xdist hands the test processes whole files in the

@@ -14,8 +14,6 @@ from test_checkpoints import assert_same_final_weights
 from ft.outputs.checkpoints import complete_checkpoints, resume_command
 from ft.run.drift import differences, is_harmless
 
-pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
-
 
 def test_drift_keys_are_told_apart_from_harmless_ones():
     saved = {"method": "sft", "optimizer": {"lr": 0.003}, "data": {"train": [{"path": "a.jsonl"}], "eval": []},
@@ -30,6 +28,7 @@ def test_drift_keys_are_told_apart_from_harmless_ones():
     assert [key for key in changes if is_harmless(key)] == ["data.eval", "train.logging_steps", "train.max_steps"]
 
 
+@pytest.mark.slow  # it trains
 def test_a_run_resumes_only_under_its_own_recipe_and_is_never_mixed_with_another(write_recipe, tmp_path):
     out = tmp_path / "out"
     path = write_recipe(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2))
@@ -81,6 +80,7 @@ def test_the_resume_command_is_the_command_that_ran_less_what_would_undo_the_res
         "/usr/bin/python -m torch.distributed.run --nproc_per_node 2 -m ft train r.yaml"
 
 
+@pytest.mark.slow  # it trains
 def test_a_run_by_epochs_killed_after_its_last_step_trains_no_step_past_its_end(write_recipe, tmp_path):
     """num_train_epochs without max_steps, ending inside an epoch (0.01 of 375 steps: 4): a run killed after its last
     checkpoint (checkpoint-4) resumes to final/ without training a step 5, as the uninterrupted run ended."""
