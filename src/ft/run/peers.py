@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from ..errors import FtError
 from ..recipe.errors import first_line
+from . import ranks
 
 BEAT_SECONDS = 1.0
 ROLL_CALL_SECONDS = 5.0  # five beats: a thread the GIL or a loaded machine delays still beats within it
@@ -85,11 +86,9 @@ class RollCall:
             return "node 0, which serves the rendezvous store (it cannot be reached),"
         parts = []
         for node in sorted({r // self.per_node for r in self.lost}):
-            ranks = [r for r in self.lost if r // self.per_node == node]
-            listed = ", ".join(map(str, ranks))
-            parts.append(f"node {node} (rank{'s' if len(ranks) > 1 else ''} {listed})"
-                         if len(ranks) == self.per_node else f"rank{'s' if len(ranks) > 1 else ''} {listed} (node "
-                         f"{node})")
+            gone = [r for r in self.lost if r // self.per_node == node]
+            listed = f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}"
+            parts.append(f"node {node} ({listed})" if len(gone) == self.per_node else f"{listed} (node {node})")
         return " and ".join(parts)
 
 
@@ -112,13 +111,13 @@ def beat() -> None:
     ``BEAT_SECONDS`` (a no-op with one process, or without a store to reach)."""
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1 or "MASTER_ADDR" not in os.environ:
+    if ranks.world_size() == 1 or "MASTER_ADDR" not in os.environ:
         return
     try:
         store = _store(30)
     except (KeyError, ValueError, RuntimeError, dist.DistError):
         return
-    key = store_key("beat", int(os.environ.get("RANK", "0")))
+    key = store_key("beat", ranks.rank())
 
     def beating() -> None:
         while True:
@@ -138,7 +137,7 @@ def roll_call(seconds: float = ROLL_CALL_SECONDS) -> RollCall:
     import torch.distributed as dist
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = ranks.rank(), ranks.world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     others = [r for r in range(world) if r != rank]
     try:
@@ -181,10 +180,10 @@ def agree(recipe: dict, versions: dict) -> None:
     failed before, and says why itself."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = ranks.world_size()
     if world == 1 or "MASTER_ADDR" not in os.environ or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return  # no launcher's store to meet in before the process group (rank 0 would serve it only from then on)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = ranks.rank()
     mine = {"node": int(os.environ.get("GROUP_RANK", "0")), "processes per node": os.environ.get("LOCAL_WORLD_SIZE"),
             "versions": versions, "recipe": {key: value for key, value in recipe.items() if key != "launch"}}
     keys = [store_key("identity", r) for r in range(world)]

@@ -24,8 +24,13 @@ def launched_world_size() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def rank() -> int:
+    """This process's global rank (RANK, set by the launcher; 0 in a process no launcher started)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def is_main() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return rank() == 0
 
 
 @contextlib.contextmanager
