@@ -160,7 +160,8 @@ def _check_machine(run: _Run) -> None:
     machine cannot run, a push without a token or to a repository it cannot write, a repository it cannot read, a
     GGUF file it cannot use."""
     recipe = run.recipe
-    peers.agree(redact(resolved_dict(recipe)), versions())  # several nodes: started alike, or refused on every one
+    if ranks.world_size() > 1:  # the ranks were started alike, or every one refuses (one process: nothing to compare)
+        peers.agree(redact(resolved_dict(recipe)), versions())
     run.hw = hardware.probe()
     problems = (hardware.check_hardware(recipe, run.hw, ranks.world_size()) + hub.check_hub(recipe)
                 + hub.check_reads(recipe) + loading.gguf_problems(recipe.model)
