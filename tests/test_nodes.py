@@ -112,11 +112,6 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, stderr
 
 
-def _two_nodes(recipe: Path, port: int) -> list[tuple[int, str]]:
-    nodes = [_start(_node(recipe, rank, port)) for rank in (0, 1)]
-    return [_finish(node) for node in nodes]
-
-
 def _recipe(out: Path, **extra) -> dict:
     """8 steps of 4 ranks of 2 rows; LoRA with dropout, so that every step draws random numbers on every rank."""
     recipe = tiny_sft(out, max_steps=8, per_device_train_batch_size=2, logging_steps=2)
