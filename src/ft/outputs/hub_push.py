@@ -114,7 +114,13 @@ def _failure(exc: Exception, repo: str, revision: str | None, output_dir: Path) 
                "network, or try again later")
     else:
         why = f"{type(exc).__name__}: {first_line(exc)}"
-    on = f" --revision {revision}" if revision else ""
     return (f"training completed and the run is saved in {output_dir} (final/ and summary.json), but pushing it to "
-            f"the Hub repository {repo} failed: {why}. Nothing is lost; to push it by hand: `hf upload {repo} "
-            f"{output_dir / 'final'} .{on}` and `hf upload {repo} {output_dir / 'summary.json'} summary.json{on}`.")
+            f"the Hub repository {repo} failed: {why}. Nothing is lost; to push it by hand: "
+            f"{by_hand(repo, revision, output_dir)}.")
+
+
+def by_hand(repo: str, revision: str | None, output_dir: Path) -> str:
+    """The two commands that push a completed run (final/, then summary.json) as ft's push at the end would."""
+    on = f" --revision {revision}" if revision else ""
+    return (f"`hf upload {repo} {output_dir / 'final'} .{on}` and `hf upload {repo} {output_dir / 'summary.json'} "
+            f"summary.json{on}`")

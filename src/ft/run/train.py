@@ -82,14 +82,14 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         except signals.StoppedBeforeTraining as stop:
             return _stopped_before_training(run, stop.signum)
         watchdog = _disk_guard(run)
-        with _failure_recorded(run):
-            watch = _train_under_stop_watch(run, watchdog)
+        with _failure_recorded(run), _stop_watch(run) as watch:
+            _train(run, watchdog)
             state = run.trainer.state
             if signals.stopped_early(state.global_step, state.max_steps, watch.received):
                 return _stopped_by_signal(run, watch.received)
             if run.trainer.ft_stream_failure is not None:
                 return _stream_failed(run)
-            return _finish(run)
+            return _finish(run, watch)
 
 
 PREPARING = "preparing the data and loading the model"  # ``_Run.phase`` while prepare_trainer runs
@@ -339,16 +339,16 @@ def _peers_lost(run: _Run, exc: Exception) -> peers.PeerLost | None:
                          str(saved[-1]) if saved else None, run.command)
 
 
-def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
-    """``trainer.train`` inside the stop watch (a stop signal saves a checkpoint at a step end, where JIT checkpoints
-    are on: ``trainers.preemption`` says why ft takes the stop itself); its seconds go into ``phases``. The watch
-    says which signal, if any, came. A save the disk guard refused is raised as ``DiskFull``. A run resumed from a
-    checkpoint of its last step trains nothing (``_nothing_left_to_train``)."""
+@contextmanager
+def _stop_watch(run: _Run):
+    """The stop watch over training and what follows it, to the run's last line (``StopWatch``): a stop signal
+    during training saves a checkpoint at a step end, where JIT checkpoints are on (``trainers.preemption`` says why
+    ft takes the stop itself); one after the last step is noted, and ``_finish`` saves final/ and skips what is left
+    (``_late_signal``). With JIT checkpoints off the signals act as they would without ft."""
     trainer = run.trainer
     at_step_end = trainer.args.enable_jit_checkpoint
     together = ranks.world_size() > 1
     run.stop_wait = wait = 0 if together else signals.jit_kill_wait()
-    run.started = time.perf_counter()
     with signals.StopWatch(pass_on=not at_step_end, resume_hint=f"To resume, run: {run.command}") as watch:
         if at_step_end:
             from ..trainers.preemption import StopAtStepEnd  # transformers: after prepare_trainer's imports
@@ -357,18 +357,25 @@ def _train_under_stop_watch(run: _Run, watchdog) -> signals.StopWatch:
         if run.benchmarks is not None and "each_save" in run.benchmarks.when:  # after StopAtStepEnd: it sees a stop
             trainer.add_callback(in_run.score_at_save(run.benchmarks, lambda: _scored_model(trainer),
                                                       run.output_dir / "eval", run.say))
-        if run.resume_from:
-            trainer.add_callback(_nothing_left_to_train())
-        peers.beat()  # several processes: what a survivor's roll call reads when ranks are lost
-        try:
-            trainer.train(resume_from_checkpoint=run.resume_from)
-        except _NothingLeftToTrain:
-            _end_without_training(run)
+        yield watch
+
+
+def _train(run: _Run, watchdog) -> None:
+    """``trainer.train``; its seconds go into ``phases``. A save the disk guard refused is raised as ``DiskFull``. A
+    run resumed from a checkpoint of its last step trains nothing (``_nothing_left_to_train``)."""
+    trainer = run.trainer
+    if run.resume_from:
+        trainer.add_callback(_nothing_left_to_train())
+    run.started = time.perf_counter()
+    peers.beat()  # several processes: what a survivor's roll call reads when ranks are lost
+    try:
+        trainer.train(resume_from_checkpoint=run.resume_from)
+    except _NothingLeftToTrain:
+        _end_without_training(run)
     run.seconds = time.perf_counter() - run.started
     run.phases["train"] = round(run.seconds, 3)
     if watchdog is not None and watchdog.refused:
         raise disk.DiskFull(watchdog.refused)
-    return watch
 
 
 class _NothingLeftToTrain(Exception):
@@ -499,23 +506,33 @@ def _stream_failed(run: _Run) -> RunResult:
     return RunResult("stopped", run.output_dir, summary)
 
 
-def _finish(run: _Run) -> RunResult:
+def _finish(run: _Run, watch: signals.StopWatch) -> RunResult:
     """Training reached its end: the final evaluation (the one at the last step, when there was one), final/, the
-    summary with exact match scored on the held-out rows, plots, and the push to the Hub (exit 0)."""
+    summary with exact match scored on the held-out rows, plots, and the push to the Hub (exit 0). A stop signal that
+    came in the run's last moments, or comes now, leaves the run completed with final/ saved and skips the parts that
+    only score or publish it (``_late_signal``)."""
     trainer, phases, output_dir = run.trainer, run.phases, run.output_dir
+    skipped: list[str] = []
     final_eval = _evaluated_at_last_step(trainer) if run.prepared.eval is not None else None
     if final_eval is not None:
         phases["evaluate"] = 0.0  # the evaluation at the last step (timed in train) is the final one
     elif run.prepared.eval is not None:
-        with _timed(phases, "evaluate"):
-            final_eval = trainer.evaluate()
+        if _late_signal(run, watch):
+            skipped.append("the final evaluation")
+        else:
+            with _timed(phases, "evaluate"):
+                final_eval = trainer.evaluate()
     with _timed(phases, "save"):
         distributed.full_state_dict_for_final(trainer)  # FSDP with sharded checkpoints: final/ is a whole model
         _save_final(trainer, output_dir, run.main)
+    late = _late_signal(run, watch)
     state = trainer.state
     summary = summarize("completed", state.log_history, steps=state.global_step, train_seconds=run.seconds,
                         final_eval=final_eval, extra=run.extra())
-    if run.held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
+    if run.held_out is not None and late:
+        skipped.append("exact match")
+        summary["exact_match"] = None
+    elif run.held_out is not None:  # greedy answers to the held-out prompts, on this (the main) process alone
         with _timed(phases, "exact_match"):
             summary["exact_match"] = exact_match.after_training(run.recipe, trainer, run.held_out,
                                                                 run.answer_tokens, run.say)
@@ -523,15 +540,40 @@ def _finish(run: _Run) -> RunResult:
             exact_match.write_answers(output_dir / exact_match.ANSWERS, summary["exact_match"], run.answers_before)
         else:
             phases["exact_match"] = None  # skipped (a sharded model): no time of its own
-    if run.benchmarks is not None:
+    if run.benchmarks is not None and late:
+        skipped.append("the benchmarks")
+    elif run.benchmarks is not None:
         with _timed(phases, "benchmarks"):
             summary["benchmarks"] = _benchmarks(run)
+    push = run.main and trainer.args.push_to_hub
+    if push and late:
+        skipped.append("the push to the Hub")
+    if late:
+        summary["late_signal"] = {"signal": signals.signal_name(late), "skipped": skipped}
     run.report(summary)
     run.say(f"ft: done in {time.perf_counter() - run.wall_started:.1f}s ({_phase_times(phases)}); model in "
             f"{output_dir / 'final'}")
-    if run.main and trainer.args.push_to_hub:
+    if late:
+        run.say(f"ft: {signals.signal_name(late)} came after the last step: the run is complete and final/ is saved; "
+                f"skipped so that it ends now: {', '.join(skipped) or 'nothing'}. `ft eval {output_dir}` scores it"
+                + (f"; to push it: {hub_push.by_hand(trainer.hub_model_id, trainer.args.hub_revision, output_dir)}"
+                   if push else "") + ".")
+    elif push:
         _push(trainer, output_dir, summary, run.say)
     return RunResult("completed", output_dir, summary)
+
+
+def _late_signal(run: _Run, watch: signals.StopWatch) -> int:
+    """The stop signal (its number; 0 for none) that came while training ran its last steps or after them, which
+    leaves the run completed: what only scores or publishes the model is skipped, so that a preempted machine's
+    grace period goes to final/. Every process asks at the same points and they agree (``preemption.agreed``).
+    With JIT checkpoints off (``pass_on``) a signal has already ended the process."""
+    received = 0 if watch.pass_on else (watch.received or 0)
+    if ranks.world_size() > 1:
+        from ..trainers.preemption import agreed
+
+        return agreed(received, run.trainer.args.device)
+    return received
 
 
 def _phase_times(phases: dict) -> str:

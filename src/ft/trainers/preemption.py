@@ -54,14 +54,20 @@ class StopAtStepEnd(TrainerCallback):
         due = received is not None and time.monotonic() - self.watch.received_at >= self.wait
         signum = received if due and self.stop_point(state.global_step) else 0
         if self.together:
-            import torch
-            import torch.distributed as dist
-
-            flag = torch.tensor([signum], device=args.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one integer per optimizer step: the largest signal number
-            signum = int(flag.item())
+            signum = agreed(signum, args.device)  # one integer per optimizer step
         if signum:
             self.watch.received = self.watch.received or signum  # a rank the signal missed stops too
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+def agreed(signum: int, device) -> int:
+    """The largest of every rank's ``signum`` (0: none), by an all-reduce every rank makes at the same point: what
+    each rank acts on, so that all take the same stop (a signal can reach one rank before another, or only one)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([signum], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
