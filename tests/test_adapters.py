@@ -68,6 +68,7 @@ def _reloaded(recipe, adapter_dir):
     ({"target_modules": "all-linear", "use_dora": True}, 1e-5),
     ({"target_modules": r".*\.(q|v)_proj", "use_rslora": True}, 1e-5),
 ], ids=["lora", "dora", "rslora-regex"])
+@pytest.mark.slow
 def test_an_adapter_trains_and_its_saved_form_reloads_to_the_same_logits(write_recipe, tmp_path, adapter, tolerance):
     recipe, result, keep = _lora_run(write_recipe, tmp_path, adapter)
     summary, final = result.summary, result.output_dir / "final"
@@ -88,6 +89,7 @@ def test_an_adapter_trains_and_its_saved_form_reloads_to_the_same_logits(write_r
     torch.testing.assert_close(_logits(_reloaded(recipe, final)), _logits(keep.model), rtol=0, atol=tolerance)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qlora_trains_on_the_cpu_and_its_adapter_reloads(write_recipe, tmp_path, bits):
     import bitsandbytes as bnb
@@ -105,6 +107,7 @@ def test_qlora_trains_on_the_cpu_and_its_adapter_reloads(write_recipe, tmp_path,
                                rtol=0, atol=2e-2)
 
 
+@pytest.mark.slow
 def test_an_adapter_continues_from_a_saved_one(write_recipe, tmp_path):
     _, first, _ = _lora_run(write_recipe, tmp_path / "a", {"target_modules": ["q_proj", "v_proj"]})
     saved = load_file(first.output_dir / "final" / "adapter_model.safetensors")
@@ -132,6 +135,7 @@ def test_continuing_an_adapter_keeps_its_saved_shape(write_recipe, tmp_path):
     assert any(p.path == "adapter.r" and "adapter_config.json" in p.message for p in info.value.problems)
 
 
+@pytest.mark.slow
 def test_tokenizer_fixups_are_said_and_new_rows_are_saved_with_the_adapter(write_recipe, tmp_path):
     from transformers import AutoTokenizer
 

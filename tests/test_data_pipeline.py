@@ -202,6 +202,7 @@ def _find_sampler(node, name: str, depth: int = 4):
     return None
 
 
+@pytest.mark.slow
 def test_packing_feeds_whole_rows_back_to_back_that_do_not_attend_to_each_other(write_recipe, tmp_path):
     """TRL 1.16 packs best-fit-decreasing (rows kept whole, up to max_length per packed sequence) and padding-free:
     a batch's packed sequences arrive concatenated as one row with no attention mask, and position_ids restarting at
@@ -304,6 +305,7 @@ def test_bad_rows_stop_the_run_by_default_naming_file_and_line(write_recipe, tmp
     assert not (tmp_path / "out").exists()  # a refusal leaves no output directory behind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_bad_row", ["error", "skip"])
 def test_a_latin1_line_in_a_users_file_is_a_bad_row_in_ft_train(write_recipe, tmp_path, on_bad_row):
     """A new user's file with "café" saved as Latin-1 in line 6: a bad row with its line, or skipped and counted;

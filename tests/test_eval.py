@@ -148,6 +148,7 @@ def test_without_lm_eval_the_install_line_is_given(tmp_path):
 # --- a recipe's benchmarks, scored in the run ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_runs_own_scores_are_what_ft_eval_gives_its_checkpoint_and_final(write_recipe, tmp_path):
     """``benchmarks:`` scores the model before training, as checkpoint-15 is written and at the end, in process; ft
     eval of checkpoint-15 and of final/ afterwards gives the same numbers. summary.json, ft report and the plots carry

@@ -104,6 +104,7 @@ def _neftune_hooks(embedding) -> list:
 # --- during training ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_training_embeddings_carry_uniform_noise_of_alpha_over_sqrt_length_times_dim(neftune_run):
     calls = neftune_run.probe.train_calls()
     assert len(calls) == STEPS  # one forward per optimizer step (batch 8, no accumulation)
@@ -121,6 +122,7 @@ def test_training_embeddings_carry_uniform_noise_of_alpha_over_sqrt_length_times
         assert (noise > 0).float().mean().item() > 0.999
 
 
+@pytest.mark.slow
 def test_embeddings_are_exact_lookups_in_eval_mode_during_training(neftune_run):
     """The evaluations at steps 2 and 4 run inside train(), hook attached, with the model in eval mode."""
     calls = neftune_run.probe.eval_calls()
@@ -133,6 +135,7 @@ def test_embeddings_are_exact_lookups_in_eval_mode_during_training(neftune_run):
 # --- after training -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hook_is_removed_when_training_ends(neftune_run):
     """The in-memory model that ``ft train`` trained (and saved) carries no NEFTune hook: in training mode its
     embeddings are exact lookups again."""
@@ -147,6 +150,7 @@ def test_hook_is_removed_when_training_ends(neftune_run):
         assert torch.equal(embedding(ids), embedding.weight[ids])
 
 
+@pytest.mark.slow
 def test_trained_model_in_training_mode_matches_the_saved_one(neftune_run):
     """Logits of the trained model, in training mode (the config has no dropout), equal those of a fresh load of
     ``final/``, which has no hook. The LoRA run saves only the adapter, and ``model.init: random`` leaves no base
@@ -176,6 +180,7 @@ def test_trained_model_in_training_mode_matches_the_saved_one(neftune_run):
 # --- the control: the probe sees no noise without the key -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_without_neftune_training_embeddings_are_exact_lookups(tmp_path):
     """Without ``neftune_noise_alpha`` the probe sees the plain lookup in training mode too: the noise measured
     above is NEFTune's, not the probe's or the trainer's doing."""

@@ -50,6 +50,7 @@ def _train(write_recipe, tmp_path, optimizer=None, scheduler=None, **train_args)
 # --- your own optimizer class ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_optimizer_class_of_your_own_trains_with_its_kwargs_and_the_recipes_lr(write_recipe, tmp_path):
     import torch
 
@@ -94,6 +95,7 @@ def test_a_scheduler_class_needs_no_type_or_warmup(write_recipe, tmp_path):
 # --- per-module groups ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_parameter_group_gets_its_scaled_learning_rate_and_its_own_decay(write_recipe, tmp_path):
     _, watch = _train(write_recipe, tmp_path, optimizer={"weight_decay": 0.1, "groups": [
         {"match": r"embed_tokens", "lr_scale": 10, "weight_decay": 0.0}]}, scheduler={"type": "constant"},
@@ -111,6 +113,7 @@ def test_a_parameter_group_gets_its_scaled_learning_rate_and_its_own_decay(write
 # --- schedules at chosen steps -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cosine_with_warmup_follows_its_formula(write_recipe, tmp_path):
     total, warmup = 10, 4
     _, watch = _train(write_recipe, tmp_path, scheduler={"type": "cosine", "warmup_steps": warmup}, max_steps=total)
@@ -124,6 +127,7 @@ def test_cosine_with_warmup_follows_its_formula(write_recipe, tmp_path):
         assert watch.lrs[step - 1][0] == pytest.approx(cosine(step), abs=1e-12), step
 
 
+@pytest.mark.slow
 def test_a_scheduler_class_of_your_own_gets_the_total_steps_and_follows_its_formula(write_recipe, tmp_path):
     total, peak = 10, 0.01
     _, watch = _train(write_recipe, tmp_path, scheduler={"class": "torch.optim.lr_scheduler.OneCycleLR",

@@ -107,6 +107,7 @@ def test_every_optimizer_trains_on_cpu_or_is_refused_before_the_model_loads(name
     assert start.built is start.named, f"`{name}` built {start.built.__name__}, not {start.named.__name__}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what fails on a CPU-only torch")
 @pytest.mark.parametrize("name", [name for name in NAMES if traits(name).cuda_only])
 def test_cuda_only_optimizers_really_fail_on_a_cpu_only_torch(name, write_recipe, tmp_path):
@@ -236,6 +237,7 @@ def test_optim_extra_is_the_packages_table():
     assert {name for name, package in PACKAGES.items() if package.install == "ft"} <= names(project["dependencies"])
 
 
+@pytest.mark.slow
 def test_stable_adamw_takes_its_loop_path_without_cuda(write_recipe, tmp_path):
     """torch-optimi picks Triton whenever Triton imports (it decides from an empty parameter list), and Triton fails
     on CPU tensors; without CUDA ft passes ``triton=False`` (``hardware.optimizer_defaults``)."""

@@ -49,6 +49,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_final_holds_the_best_checkpoint_and_the_summary_names_it(write_recipe, tmp_path, case):
     out = tmp_path / "out"

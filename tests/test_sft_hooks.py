@@ -39,6 +39,7 @@ def _watch():
     return Watch()
 
 
+@pytest.mark.slow
 def test_custom_loss_is_called_with_num_items_in_batch(write_recipe, tmp_path):
     _module(tmp_path, "losses_a", """
         import torch.nn.functional as F
@@ -63,6 +64,7 @@ def test_custom_loss_is_called_with_num_items_in_batch(write_recipe, tmp_path):
     assert result.summary["last_train_loss"] < result.summary["first_train_loss"]
 
 
+@pytest.mark.slow
 def test_a_loss_times_zero_leaves_every_weight_as_it_started(write_recipe, tmp_path):
     """What the `loss:` function returns is what is trained: multiplied by zero, it moves no weight."""
     import torch
@@ -85,6 +87,7 @@ def test_a_loss_times_zero_leaves_every_weight_as_it_started(write_recipe, tmp_p
     assert [entry["loss"] for entry in logged] == [0.0] * 3 and all(entry["grad_norm"] == 0 for entry in logged)
 
 
+@pytest.mark.slow
 def test_the_logged_training_loss_is_what_the_loss_function_returned(write_recipe, tmp_path):
     _module(tmp_path, "losses_half", """
         import torch.nn.functional as F
@@ -112,6 +115,7 @@ def test_the_logged_training_loss_is_what_the_loss_function_returned(write_recip
         assert math.isclose(loss, returned[2 * step] + returned[2 * step + 1], rel_tol=1e-6), (step, loss, returned)
 
 
+@pytest.mark.slow
 def test_user_callback_with_kwargs(write_recipe, tmp_path):
     _module(tmp_path, "callbacks_a", """
         from transformers import TrainerCallback
@@ -131,6 +135,7 @@ def test_user_callback_with_kwargs(write_recipe, tmp_path):
     assert importlib.import_module("callbacks_a").CountSteps.SEEN == [("mine", 1), ("mine", 2), ("mine", 3)]
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_early(write_recipe, tmp_path):
     recipe = tiny_sft(tmp_path / "out", max_steps=200, eval_strategy="steps", eval_steps=2, save_strategy="steps",
                       save_steps=2, metric_for_best_model="eval_loss", load_best_model_at_end=True)
@@ -152,6 +157,7 @@ def test_token_accuracy_and_perplexity_are_computed_per_batch(write_recipe, tmp_
     assert final["eval_perplexity"] < first["eval_perplexity"] / 4
 
 
+@pytest.mark.slow
 def test_perplexity_is_exp_of_the_eval_loss(write_recipe, tmp_path):
     """perplexity is exp(mean NLL over every target token of the eval set). Trainer's eval_loss is the mean of
     per-batch mean losses: the same number when the eval set is one batch, as here. (With several batches of unequal

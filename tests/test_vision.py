@@ -466,6 +466,7 @@ def test_packing_streaming_exact_match_and_other_methods_are_refused_for_a_visio
 # --- 4. training --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ft_train_learns_the_colours_of_squares_and_final_holds_the_processor(tmp_path, write_recipe, tiny_llava):
     """The real CLI on a tiny random LLaVA: images read from disk a batch at a time, the loss falls, and final/ holds
     the model with its processor (image processor, tokenizer, template), loadable as one."""

@@ -128,6 +128,7 @@ def _prepare(path: Path, said: list | None = None):
 # --- SFT -------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sft_trains_on_a_parquet_in_trls_layout_with_the_stored_images_pixels(tmp_path, tiny_llava):
     """The rows name files (in datasets' cache, no data.prepared_path), each the stored bytes as they were; the
     collator's pixel values for a row are the processor's for the stored image; two steps train."""
@@ -248,6 +249,7 @@ def test_a_bare_image_part_without_images_and_stored_images_for_a_text_model_are
 # --- DPO -------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dpo_reads_stored_prompt_images(tmp_path, tiny_llava):
     """A preference dataset in TRL's layout (HuggingFaceH4/rlaif-v_formatted's: a prompt whose image part is bare,
     answers of text parts, an ``images`` column): the trainer's rows keep the stored images' files and yield their

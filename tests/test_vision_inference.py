@@ -55,6 +55,7 @@ def _tiny_idefics3():
 # --- 1. freezing and LoRA targets ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_freeze_keeps_the_vision_tower_and_projector_while_the_language_model_trains(tmp_path, llava):
     """The trainer ft train builds: no vision or projector parameter requires grad or is in the optimizer, and after
     2 steps they are bit for bit as loaded while the language model's weights moved."""

@@ -111,6 +111,7 @@ def _copies(tmp_path: Path, images: list[str], folder: str) -> list[str]:
 # --- DPO and KTO -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dpo_trains_on_prompt_images_and_its_figures_follow_the_pixels(tmp_path, tiny_llava):
     """The trainer's rows hold the images' paths, and yield them decoded and sized (data.image) as TRL's vision
     collator takes them; its batches hold their pixels, the prompt's and chosen/rejected's together. DPO's log-
@@ -144,6 +145,7 @@ def test_dpo_trains_on_prompt_images_and_its_figures_follow_the_pixels(tmp_path,
         assert _first(other, key) != _first(first, key), key
 
 
+@pytest.mark.slow
 def test_kto_unpairs_rows_with_images_and_trains_on_them(tmp_path, tiny_llava):
     """KTO unpairs the pairs first (their images' paths copied to both halves, read as rows are taken) and trains
     through TRL's vision collator: its batches hold the images' pixels."""
@@ -173,6 +175,7 @@ def _rewards_module(tmp_path: Path, name: str) -> None:
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(REWARDS))
 
 
+@pytest.mark.slow
 def test_grpo_generates_from_prompt_images_and_its_rewards_receive_them(tmp_path, tiny_llava):
     """GRPO puts each prompt's image into the prompt it generates from and scores: a reward function receives the
     images as ft sized them (data.image), and the policy's entropy at the first step follows the pixels (the same
@@ -194,6 +197,7 @@ def test_grpo_generates_from_prompt_images_and_its_rewards_receive_them(tmp_path
     assert _first(other, "entropy") != _first(first, "entropy")
 
 
+@pytest.mark.slow
 def test_grpo_with_images_skips_the_memory_preflight_saying_why(tmp_path, tiny_llava):
     """The memory preflight rehearses a policy batch of token ids, which would leave a prompt's images out (and read
     its text as an image path through the processor): with prompt images it is skipped, said, and training runs."""
@@ -221,6 +225,7 @@ def test_grpo_refuses_prompts_with_and_without_images_together(tmp_path, tiny_ll
         built_trainer(path)
 
 
+@pytest.mark.slow
 def test_rloo_trains_on_prompt_images(tmp_path, tiny_llava):
     _rewards_module(tmp_path, "rloo_image_rewards")
     rloo = {"num_generations": 4, "max_completion_length": 4, "rewards": [{"fn": "rloo_image_rewards:width"}]}
