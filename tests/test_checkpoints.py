@@ -250,12 +250,39 @@ def test_sigterm_twice_then_resume_ends_where_an_uninterrupted_run_ends(write_re
     assert "add `--resume never --overwrite`" in again.stderr  # the one command that retrains it (not two refusals)
 
 
+HOLD_AFTER_STOP = """
+import time
+from pathlib import Path
+
+from slow_steps import _stop_seen
+from transformers import TrainerCallback
+
+
+class HoldAfterStop(TrainerCallback):
+    \"\"\"Once `hold-after-stop` is in the output directory: at the first step end after the process has received its
+    stop signal, writes `stop-seen` and holds that step end (at most 30 s). The run cannot reach the later step end
+    where its stop would be saved, so only a second Ctrl-C ends it before then.\"\"\"
+
+    held = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        out = Path(args.output_dir)
+        if not self.held and _stop_seen() and (out / "hold-after-stop").exists():
+            self.held = True
+            (out / "stop-seen").write_text("")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+"""
+
+
 @pytest.mark.slow
 def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, tmp_path):
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    (tmp_path / "hold_after_stop.py").write_text(HOLD_AFTER_STOP)
     out = tmp_path / "out"
     recipe = tiny_sft(out, max_steps=150)
-    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}]
+    recipe["callbacks"] = [{"cls": "slow_steps:SlowSteps"}, {"cls": "hold_after_stop:HoldAfterStop"}]
     args = ["train", str(write_recipe(recipe))]
 
     process, stderr = _stop(args, out, 5, signal.SIGINT)  # one Ctrl-C: a JIT checkpoint, as for SIGTERM
@@ -265,16 +292,21 @@ def test_first_ctrl_c_saves_and_exits_130_a_second_exits_at_once(write_recipe, t
     assert summary["stopped_by"] == "SIGINT" and summary["checkpoint"] == str(checkpoint)
     assert "stopped by SIGINT" in stderr and "Traceback" not in stderr and not (out / "final").exists()
 
-    # resumed, then Ctrl-C twice: the second ends the process at once, before the JIT save (3 s after the first)
+    # resumed, then Ctrl-C twice: the second ends the process at once, where the first alone would save. The second
+    # is sent once the first has been handled (`stop-seen`: two signals sent before the first is taken would be one),
+    # and while HoldAfterStop holds the run short of the step end where the first's checkpoint would be saved
     at = _progress(out) + 3
     hold_at(out, at)
+    (out / "hold-after-stop").write_text("")
     process = start_ft(*args)
     signal_at_step(process, out, at, signal.SIGINT)
-    time.sleep(0.5)
-    started = time.monotonic()
+    deadline = time.monotonic() + 60
+    while not (out / "stop-seen").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the first Ctrl-C was never seen"
+        time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130 and time.monotonic() - started < 10, stderr[-3000:]
+    assert process.returncode == 130, stderr[-3000:]
     assert "stopped at once" in stderr and "Traceback" not in stderr
     assert complete_checkpoints(out) == [checkpoint]  # nothing new was written as complete
     assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(checkpoint)
@@ -474,6 +506,7 @@ class Quiet(TrainerCallback):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_before_the_first_step_says_where_and_the_rerun_starts_over(write_recipe, tmp_path, signum):
     """A stop while the run is being prepared (here: importing the recipe's code, which a callback module holds) once

@@ -1,5 +1,7 @@
 """A full disk under the output directory, on a real small filesystem: a tmpfs of a few MB mounted in a private mount
-namespace (`unshare -m`, so nothing outside the test sees it, and it goes when the test's shell ends). ft stops
+namespace, inside a user namespace of its own where the test's user is root (`unshare -rm`: no privilege needed where
+the kernel lets users create namespaces, so it runs as the Docker images' user too; nothing outside the test sees the
+mount, and it goes when the test's shell ends). ft stops
 cleanly before a checkpoint that would not fit, and names a write that failed anyway (here final/, filled by a
 callback as training ends); after space is freed the same command resumes and completes."""
 
@@ -21,26 +23,37 @@ QUICK = ("--set train.max_steps=40 --set train.save_steps=10 --set train.save_to
          "--set train.report_to=none")
 
 
-def _can_mount(tmp_path) -> bool:
+# a new user namespace (-r: the caller is root in it, so it may mount) with a mount namespace of its own (-m)
+UNSHARE = ["unshare", "--map-root-user", "--mount"]
+
+
+def _cannot_mount(tmp_path) -> str | None:
+    """Why this machine cannot mount a tmpfs in a namespace of the test's own; None when it can."""
     if shutil.which("unshare") is None:
-        return False
+        return "unshare (util-linux) is not installed"
     probe = tmp_path / "probe"
     probe.mkdir()
-    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {probe}"],
-                          capture_output=True)
-    return done.returncode == 0
+    done = subprocess.run([*UNSHARE, "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$0"', str(probe)],
+                          capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    return (f"this machine does not let a user mount a tmpfs in user and mount namespaces of its own (`unshare -rm`: "
+            f"{done.stderr.strip() or f'exit {done.returncode}'}): user namespaces are off (sysctl "
+            f"user.max_user_namespaces, kernel.unprivileged_userns_clone, AppArmor's restrict_unprivileged_userns) "
+            f"or refused by the container's seccomp profile")
 
 
 def _in_small_disk(tmp_path, script: str, megabytes: int = 6) -> None:
-    """Run ``script`` (sh) in a private mount namespace with a tmpfs of ``megabytes`` at $MNT; $OUT is outside it."""
-    if not _can_mount(tmp_path):
-        pytest.skip("this machine cannot mount a tmpfs in a private mount namespace (needs root or user namespaces)")
+    """Run ``script`` (sh) in private user and mount namespaces with a tmpfs of ``megabytes`` at $MNT; $OUT is outside
+    it."""
+    if why := _cannot_mount(tmp_path):
+        pytest.skip(why)
     mnt, out = tmp_path / "mnt", tmp_path / "out"
     mnt.mkdir()
     out.mkdir()
     env = {**os.environ, "MNT": str(mnt), "OUT": str(out), "PY": sys.executable, "TQDM_DISABLE": "1",
            "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={megabytes}m tmpfs $MNT && {script}"],
+    done = subprocess.run([*UNSHARE, "sh", "-c", f"mount -t tmpfs -o size={megabytes}m tmpfs $MNT && {script}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
@@ -130,8 +143,10 @@ def test_a_write_the_disk_cannot_hold_is_named_with_the_checkpoint_to_resume_fro
 def test_an_output_dir_on_a_read_only_filesystem_is_refused_before_the_data_is_prepared(tmp_path):
     command = (f"$PY -m ft train recipes/quickstart.yaml --set train.output_dir=$MNT/run "
                f"--set data.prepared_path=$OUT/prepared {QUICK}")
-    _in_small_disk(tmp_path, f"mount -o remount,ro $MNT && {{ {command} > $OUT/ro.log 2>&1; echo $? > $OUT/ro.rc; }}",
-                   megabytes=1)
+    # read-only as a mount (bind): remounting the tmpfs itself is refused in a user namespace of a user other than
+    # root (mount(8) passes back the uid= and gid= it reads, which are not mapped in it)
+    _in_small_disk(tmp_path, f"mount -o remount,bind,ro $MNT && {{ {command} > $OUT/ro.log 2>&1; "
+                             "echo $? > $OUT/ro.rc; }", megabytes=1)
     log = _read(tmp_path, "ro.log")
     assert _read(tmp_path, "ro.rc").strip() == "2", log[-3000:]
     assert "train.output_dir" in log and "read-only" in log and "Traceback" not in log, log[-3000:]

@@ -2,13 +2,15 @@
 through HF_ENDPOINT), which keeps every repository, branch, commit and uploaded byte.
 
 A finished run sends final/ (at the repository's root) and summary.json in one commit, each file once, to the
-repository, privacy and branch the recipe names, with the token only in the Authorization header. `hub_strategy`'s
-checkpoint pushes happen during training as transformers documents them. A Hub that refuses or stays silent ends the
-run with exit 1, the reason and the commands that push it by hand; nothing local is lost. A token that may not create
-the repository stops the run before any model loads."""
+repository, privacy and branch the recipe names, with the token only in the Authorization header, the weights
+through LFS storage as the Hub takes them, byte for byte. `hub_strategy`'s checkpoint pushes happen during training
+as transformers documents them. A Hub that refuses or stays silent ends the run with exit 1, the reason and the
+commands that push it by hand; nothing local is lost. A token that may not create the repository stops the run before
+any model loads."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 
@@ -42,8 +44,17 @@ def _final_commit_holds_the_run(hub, out, revision: str = "experiments") -> dict
 
 
 def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_names(write_recipe, tmp_path, fake_hub):
+    """The weights (.safetensors) are answered "lfs" at preupload, as the Hub answers them: they go up through the LFS
+    batch API and a PUT of their bytes, and the commit names them by sha256. HF_HUB_DISABLE_XET: huggingface_hub
+    sends such files to Xet storage instead whenever hf_xet is installed, which the stand-in does not serve.
+
+    (The checkpoint pushes of the tests below stay "regular": with hub_always_push, transformers copies the next
+    save's weights over the file a background push may still be reading, and the sha256 that push announced to LFS
+    storage then no longer matches the bytes it sends.)"""
     out = tmp_path / "out"
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=hub_env(tmp_path, fake_hub, TOKEN))
+    fake_hub.lfs_suffixes = (".safetensors",)
+    env = hub_env(tmp_path, fake_hub, TOKEN, HF_HUB_DISABLE_XET="1")
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
 
     assert list(fake_hub.repos) == [REPO] and fake_hub.repos[REPO]["private"] is True
@@ -51,6 +62,12 @@ def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_name
     uploaded = _final_commit_holds_the_run(fake_hub, out)
     assert fake_hub.files(REPO, "main") == {}  # all of it on train.hub_revision
     assert Counter(path for _, _, path in fake_hub.uploads).most_common(1)[0][1] == 1  # no file went up twice
+    # the weights through LFS storage, the other files inside the commit; the bytes PUT, once, are the local file's
+    weights = (out / "final" / "model.safetensors").read_bytes()
+    assert fake_hub.commits[-1]["lfs"] == ["model.safetensors"]
+    assert fake_hub.lfs_puts == [(REPO, hashlib.sha256(weights).hexdigest())]
+    assert fake_hub.lfs_objects[fake_hub.lfs_puts[0]] == weights == fake_hub.files(REPO, "experiments")[
+        "model.safetensors"]
 
     local = json.loads((out / "summary.json").read_text())
     assert local.pop("hub") == {"repo": REPO, "revision": "experiments", "commit": fake_hub.commits[-1]["oid"],

@@ -58,11 +58,14 @@ def hub():
     thread.join()
 
 
-def _closed_port() -> int:
-    """A port nothing listens on: bound, then released (connections to it are refused at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def closed_port():
+    """A port nothing listens on, for the whole test: bound (without SO_REUSEADDR) and never listening, so connections
+    to it are refused at once and no other process can bind it meanwhile (a port bound and released again could be
+    taken in between by a server of a parallel test, and answer)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 def _env(tmp_path, endpoint: str, **more) -> dict:
@@ -143,8 +146,8 @@ def test_the_models_a_method_section_declares_are_read_from_the_hub_under_their_
 
 
 @pytest.mark.parametrize("endpoint", ["closed", "503"])
-def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub, endpoint):
-    url = f"http://127.0.0.1:{_closed_port()}" if endpoint == "closed" else f"http://127.0.0.1:{hub.server_port}"
+def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub, closed_port, endpoint):
+    url = f"http://127.0.0.1:{closed_port if endpoint == 'closed' else hub.server_port}"
     repo = "org/ok" if endpoint == "closed" else "org/broken"
     result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=_env(tmp_path, url))
     assert result.returncode == 2, result.stderr[-3000:]
@@ -162,10 +165,10 @@ def _cache(tmp_path, repo: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_cached_model_and_no_hub_say_set_offline_and_offline_it_trains(write_recipe, tmp_path):
+def test_a_cached_model_and_no_hub_say_set_offline_and_offline_it_trains(write_recipe, tmp_path, closed_port):
     _cache(tmp_path, "org/cached")
     path = _recipe(write_recipe, tmp_path, "org/cached")
-    down = _env(tmp_path, f"http://127.0.0.1:{_closed_port()}")
+    down = _env(tmp_path, f"http://127.0.0.1:{closed_port}")
     result = run_ft("train", path, env=down)
     assert result.returncode == 2 and "'org/cached' is in the local cache: set HF_HUB_OFFLINE=1" in result.stderr
     # the advice works: offline, the model loads from the cache (its weights are random-initialised: the tiny
