@@ -1,18 +1,22 @@
-"""Every DPO and GRPO ``loss_type`` the installed TRL documents trains two steps on the CPU with that loss in the
-config TRL's trainer runs (finite losses, weights moved), or is refused when the recipe is read, before any model
-loads, with the reason. The values come from TRL's own help text (``documented_values``, recorded in the generated
-field table), so a TRL that adds one adds it here.
+"""Every DPO and GRPO ``loss_type`` the installed TRL documents is the loss ft's trainer computes, or is refused when
+the recipe is read, before any model loads, with the reason. The values come from TRL's own help text
+(``documented_values``, recorded in the generated field table), so a TRL that adds one adds it here.
 
-Both start from the quickstart model trained half way (conftest's ``sft_model``): its answers are right about half
-the time, so GRPO's groups of answers earn different rewards and every loss has a gradient."""
+For each type, the trainer ``ft train`` builds for a recipe naming it computes, on one fixed batch, the loss that a
+TRL trainer built directly (TRL's own config, naming the type, with the same model and batch) computes, and it has a
+gradient; and the types' losses all differ from one another, so a trainer that computed one loss whatever the type
+named would match TRL's for that type alone. Both start from the quickstart model trained half way (conftest's
+``sft_model``)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA, built_trainer, tiny_sft
+from conftest import ASSETS, DATA, built_trainer, tiny_sft
 
 from ft.recipe import RecipeError, load_recipe
 from ft.recipe.methods import documented_values
@@ -22,24 +26,35 @@ GRPO_LOSSES = documented_values("grpo", "loss_type")
 SEQUENCE_LEVEL = {"luspo"}  # needs train.importance_sampling_level: sequence (ft.recipe.rules)
 
 
-def _recipe(sft_model, tmp_path, method: str, section: dict, **train) -> dict:
+def _recipe(model: str, tmp_path, method: str, section: dict, data: Path | None = None, **train) -> dict:
     recipe = tiny_sft(tmp_path / "out", max_steps=2, logging_steps=1, **train)
-    recipe.update(method=method, model={"name": str(sft_model), "init": "pretrained"}, optimizer={"lr": 1.0e-3},
+    recipe.update(method=method, model={"name": model, "init": "pretrained"}, optimizer={"lr": 1.0e-3},
                   **{method: section})
-    data = ("preference.jsonl", "preference") if method == "dpo" else ("prompts.jsonl", "prompt")
-    recipe["data"] = {"train": [{"path": str(DATA / data[0]), "format": data[1]}], "max_length": 48}
+    file, form = ("preference.jsonl", "preference") if method == "dpo" else ("prompts.jsonl", "prompt")
+    recipe["data"] = {"train": [{"path": str(data or DATA / file), "format": form}], "max_length": 48}
     return recipe
 
 
-def _trains(write_recipe, recipe: dict, expected_loss) -> list[float]:
-    trainer, _ = built_trainer(write_recipe(recipe))
-    assert trainer.args.loss_type == expected_loss  # what the trainer computes with, not only what the recipe says
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
-    trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses), losses
-    assert any(not torch.equal(p, before[name]) for name, p in trainer.model.named_parameters() if name in before)
-    return losses
+def _first_rows(tmp_path, name: str, count: int) -> list[dict]:
+    """The first ``count`` rows of the arithmetic data file ``name``, also written to tmp_path/name (a few rows:
+    TRL tokenizes the whole file when the trainer is built, and one batch is all these tests use)."""
+    lines = (DATA / name).read_text().splitlines()[:count]
+    (tmp_path / name).write_text("\n".join(lines) + "\n")
+    return [json.loads(line) for line in lines]
+
+
+def _has_gradient(loss: torch.Tensor, model) -> None:
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    model.zero_grad(set_to_none=True)
+
+
+def _all_differ(losses: dict[str, float]) -> None:
+    """No two loss types give the same loss (to 1e-3; the closest two measured about 5e-3 apart)."""
+    ranked = sorted(losses.items(), key=lambda item: item[1])
+    close = [(a, b) for a, b in zip(ranked, ranked[1:], strict=False) if b[1] - a[1] < 1.0e-3]
+    assert not close, close
 
 
 def test_trl_documents_the_loss_types():
@@ -47,23 +62,98 @@ def test_trl_documents_the_loss_types():
     assert {"grpo", "dr_grpo", "dapo", "bnpo"} <= set(GRPO_LOSSES)
 
 
-NEEDS = {"exo_pair": {"label_smoothing": 1.0e-3}}  # the EXO paper's value; without it the recipe is refused
+# label smoothing: EXO's paper value (without it the recipe is refused), and one for robust DPO, which without it is
+# the sigmoid loss exactly
+NEEDS = {"exo_pair": {"label_smoothing": 1.0e-3}, "robust": {"label_smoothing": 0.1}}
 
 
-@pytest.mark.parametrize("loss", DPO_LOSSES)
-def test_every_dpo_loss_type_trains(sft_model, write_recipe, tmp_path, loss):
-    recipe = _recipe(sft_model, tmp_path, "dpo", {"beta": 0.1, "loss_type": [loss]}, per_device_train_batch_size=4,
-                     **NEEDS.get(loss, {}))
-    _trains(write_recipe, recipe, [loss])
+def test_each_dpo_loss_type_is_trls_loss_of_that_type(sft_model, write_recipe, tmp_path):
+    """The policy is moved away from the reference (noise on its weights, as training would move it) before the loss:
+    at the start the two are one model, every log-ratio is 0, and most types then give one number whatever the batch
+    (sigmoid, robust and AOT all log 2)."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    rows = _first_rows(tmp_path, "preference.jsonl", 8)
+    losses = {}
+    for loss in DPO_LOSSES:
+        section, train = {"beta": 0.1, "loss_type": [loss]}, NEEDS.get(loss, {})
+        recipe = _recipe(str(sft_model), tmp_path, "dpo", section, tmp_path / "preference.jsonl",
+                         per_device_train_batch_size=4, **train)
+        trainer, _ = built_trainer(write_recipe(recipe))
+        noise = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for param in trainer.model.parameters():
+                param.add_(0.05 * torch.randn(param.shape, generator=noise))
+        batch = next(iter(trainer.get_train_dataloader()))
+        ours = trainer.compute_loss(trainer.model, batch)
+        trl = DPOTrainer(model=trainer.model, ref_model=trainer.ref_model, train_dataset=Dataset.from_list(rows[:2]),
+                         processing_class=trainer.processing_class,
+                         args=DPOConfig(str(tmp_path / "trl"), bf16=False, report_to="none", **section, **train))
+        with torch.no_grad():
+            theirs = trl.compute_loss(trl.model, batch)
+        assert math.isfinite(ours.item()) and ours.item() == pytest.approx(theirs.item(), rel=1.0e-6), loss
+        _has_gradient(ours, trainer.model)
+        losses[loss] = ours.item()
+    _all_differ(losses)
 
 
-@pytest.mark.parametrize("loss", GRPO_LOSSES)
-def test_every_grpo_loss_type_trains(sft_model, write_recipe, tmp_path, loss):
-    level = {"importance_sampling_level": "sequence"} if loss in SEQUENCE_LEVEL else {}
-    section = {"num_generations": 4, "max_completion_length": 8, "steps_per_generation": 1, "beta": 0.0,
-               "loss_type": loss, "rewards": [{"name": "numeric_match"}]}
-    recipe = _recipe(sft_model, tmp_path, "grpo", section, per_device_train_batch_size=16, **level)
-    _trains(write_recipe, recipe, loss)
+def _grpo_round(tokenizer) -> list[dict]:
+    """One generation round as TRL's GRPOTrainer hands it to the loss, in its two micro-batches: four completions of
+    each of the first two prompts, of 1 to 5 tokens (10 in the first micro-batch, 17 in the second: DAPO divides by
+    the round's tokens, BNPO by each micro-batch's, Dr. GRPO by a fixed number), with advantages of both signs that
+    do not cancel out (GRPO's mean over completions is not SAPO's, nor a sum over tokens)."""
+    rows = [json.loads(line) for line in (DATA / "prompts.jsonl").read_text().splitlines()[:2]]
+    lengths, advantages = [[1, 2, 3, 4], [5, 5, 3, 4]], [[1.5, -0.5, 0.5, -1.0], [-1.5, 1.0, 0.25, 0.75]]
+    total = sum(map(sum, lengths))
+    batches = []
+    for row, counts, values in zip(rows, lengths, advantages, strict=True):
+        prompt = tokenizer(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+                           add_special_tokens=False).input_ids
+        answer = [*tokenizer(f"{row['answer']} is the answer", add_special_tokens=False).input_ids,
+                  tokenizer.eos_token_id]
+        completion = torch.tensor([answer[:count] + [tokenizer.pad_token_id] * (5 - count) for count in counts])
+        mask = (torch.arange(5) < torch.tensor(counts)[:, None]).long()
+        batches.append({"prompt_ids": torch.tensor([prompt] * 4), "prompt_mask": torch.ones(4, len(prompt)).long(),
+                        "completion_ids": completion, "completion_mask": mask, "advantages": torch.tensor(values),
+                        "num_items_in_batch": torch.tensor(total)})
+    return batches
+
+
+def test_each_grpo_loss_type_is_trls_loss_of_that_type(sft_model, write_recipe, tmp_path):
+    """The loss of a whole optimizer step: the two accumulated micro-batches of one generation round (each divided by
+    the accumulation steps, as the Trainer's loop has it), on policy (no older log-probs in the batch: every ratio is
+    1, and the types differ in how they weigh and normalise the advantages)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = _first_rows(tmp_path, "prompts.jsonl", 8)
+    settings = {"num_generations": 4, "max_completion_length": 8, "steps_per_generation": 2, "beta": 0.0}
+    losses, round_ = {}, None
+    for loss in GRPO_LOSSES:
+        train = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                 **({"importance_sampling_level": "sequence"} if loss in SEQUENCE_LEVEL else {})}
+        section = {**settings, "loss_type": loss, "rewards": [{"name": "numeric_match"}]}
+        trainer, _ = built_trainer(write_recipe(_recipe(str(sft_model), tmp_path, "grpo", section,
+                                                        tmp_path / "prompts.jsonl", **train)))
+        trl = GRPOTrainer(model=trainer.model, reward_funcs=trainer.reward_funcs, train_dataset=Dataset.from_list(rows),
+                          processing_class=trainer.processing_class,
+                          args=GRPOConfig(str(tmp_path / "trl"), bf16=False, report_to="none", loss_type=loss,
+                                          **settings, **train))
+        round_ = round_ or _grpo_round(trainer.processing_class)
+        trainer.model.train()
+        total = 0.0
+        for one in (trainer, trl):  # the training loop's setting, read by the loss
+            one.current_gradient_accumulation_steps = one.args.gradient_accumulation_steps
+        for batch in round_:
+            ours = trainer.compute_loss(trainer.model, batch)
+            with torch.no_grad():
+                theirs = trl.compute_loss(trl.model, batch)
+            assert math.isfinite(ours.item()) and ours.item() == pytest.approx(theirs.item(), rel=1.0e-6), loss
+            _has_gradient(ours, trainer.model)
+            total += ours.item()
+        losses[loss] = total
+    _all_differ(losses)
 
 
 def _refusal(write_recipe, recipe: dict) -> str:
@@ -72,8 +162,8 @@ def _refusal(write_recipe, recipe: dict) -> str:
     return str(raised.value)
 
 
-def test_an_unknown_or_mismatched_loss_type_is_refused_before_loading(sft_model, write_recipe, tmp_path):
-    dpo = _recipe(sft_model, tmp_path, "dpo", {"loss_type": ["sigmoid", "ipp"]})
+def test_an_unknown_or_mismatched_loss_type_is_refused_before_loading(write_recipe, tmp_path):
+    dpo = _recipe(str(ASSETS), tmp_path, "dpo", {"loss_type": ["sigmoid", "ipp"]})
     message = _refusal(write_recipe, dpo)
     assert "dpo.loss_type" in message and "'ipp' is not a dpo loss_type" in message and "Did you mean 'ipo'" in message
     dpo["dpo"]["loss_type"] = ["exo_pair"]
@@ -81,7 +171,7 @@ def test_an_unknown_or_mismatched_loss_type_is_refused_before_loading(sft_model,
     dpo["dpo"]["loss_type"] = ["aot"]
     dpo["train"]["f_divergence_type"] = "js_divergence"
     assert "train.f_divergence_type" in _refusal(write_recipe, dpo)
-    grpo = _recipe(sft_model, tmp_path, "grpo", {"loss_type": "luspo", "rewards": [{"name": "numeric_match"}]})
+    grpo = _recipe(str(ASSETS), tmp_path, "grpo", {"loss_type": "luspo", "rewards": [{"name": "numeric_match"}]})
     assert "importance_sampling_level: sequence" in _refusal(write_recipe, grpo)
     grpo["grpo"]["loss_type"] = "dapo"
     grpo["train"]["importance_sampling_level"] = "sequence"

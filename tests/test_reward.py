@@ -55,11 +55,12 @@ def reward_run(tmp_path_factory) -> Path:
     return folder / "run"
 
 
-def _scores(model_dir: Path, rows: list[dict]) -> torch.Tensor:
-    """(chosen score, rejected score) per row, computed here from the saved model and tokenizer alone."""
+def _scores(model_dir: Path, rows: list[dict], model=None) -> torch.Tensor:
+    """(chosen score, rejected score) per row, computed here from the saved model and tokenizer alone (or from
+    ``model``, given, with that tokenizer)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    model = (AutoModelForSequenceClassification.from_pretrained(model_dir) if model is None else model).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert model.config.num_labels == 1
     out = []
@@ -100,8 +101,41 @@ def test_exact_match_generate_and_export_are_refused_for_a_reward_model(reward_r
     assert exported.returncode == 2 and "is a reward model" in exported.stderr and not (tmp_path / "rm.gguf").exists()
 
 
+def _random_lm(folder: Path) -> Path:
+    """A causal LM of the shipped config with random weights (seed 0), saved with the shipped tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ASSETS)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(ASSETS).save_pretrained(folder)
+    return folder
+
+
+def _as_adapter(run: Path, rows: list[dict], base_dir: Path, **base_kwargs) -> torch.Tensor:
+    """The scores of ``rows`` by the run's adapter (final/) applied by PEFT, in this process, on its base read here
+    with transformers (a sequence classifier from ``base_dir``; the adapter brings the trained score head, and the
+    rows of tokens its tokenizer added to the base's, with the embeddings resized to hold them as in training)."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    base = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1, **base_kwargs)
+    tokens = len(AutoTokenizer.from_pretrained(run / "final"))
+    if tokens > base.get_input_embeddings().num_embeddings:
+        base.resize_token_embeddings(tokens)
+    return _scores(run / "final", rows, PeftModel.from_pretrained(base, run / "final"))
+
+
+def _assert_merged_scores_as_adapter(merged: torch.Tensor, adapter: torch.Tensor) -> None:
+    # the texts score differently (by 0.1 and more, measured), and the merged model gives the adapter's scores
+    assert merged.max() - merged.min() > 0.05 and torch.allclose(merged, adapter, rtol=1e-4, atol=1e-5), \
+        (merged, adapter)
+
+
 def test_a_lora_reward_model_saves_its_score_head_and_merges(tmp_path):
-    recipe = _recipe(tmp_path, max_steps=20)
+    """The merged model scores texts as the run's adapter does on its base (PEFT, in this process, on a random model
+    saved here, which the test reads itself): its LoRA weights and its trained score head are both folded in."""
+    recipe = _recipe(tmp_path, max_steps=20, eval_strategy="no", eval_on_start=False)
+    recipe["model"] = {"name": str(_random_lm(tmp_path / "base")), "init": "pretrained"}
     recipe["adapter"] = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
     recipe["data"]["max_length"] = 24  # shorter than every pair: refused, nothing trains
     result = _train(tmp_path, recipe)
@@ -117,23 +151,18 @@ def test_a_lora_reward_model_saves_its_score_head_and_merges(tmp_path):
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"]  # one label: _scores checks it
     rows = [json.loads(line) for line in (tmp_path / "preference-eval.jsonl").read_text().splitlines()]
-    scores = _scores(tmp_path / "merged", rows[:10])
-    assert torch.isfinite(scores).all() and not torch.equal(scores[:, 0], scores[:, 1])
+    _assert_merged_scores_as_adapter(_scores(tmp_path / "merged", rows[:5]),
+                                      _as_adapter(tmp_path / "run", rows[:5], tmp_path / "base"))
 
 
 def test_a_reward_model_from_a_gguf_file_trains_and_merges(tmp_path):
     """A GGUF file's de-quantized weights become a sequence classifier (the real-model recipe smollm2-reward.yaml
-    does this): the model carried no generation config over, and LoRA's merge rebuilds the same base."""
+    does this): the model carried no generation config over, and LoRA's merge rebuilds the same base, so the merged
+    model scores texts as the adapter does on the GGUF file's weights, read here by transformers."""
     pytest.importorskip("gguf")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     from ft.export.gguf import export
 
-    source = tmp_path / "lm"
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ASSETS)).save_pretrained(source)
-    AutoTokenizer.from_pretrained(ASSETS).save_pretrained(source)
-    gguf = export(source, tmp_path / "gguf" / "lm.gguf", "f32", say=lambda _: None).path
+    gguf = export(_random_lm(tmp_path / "lm"), tmp_path / "gguf" / "lm.gguf", "f32", say=lambda _: None).path
     recipe = _recipe(tmp_path, max_steps=2, eval_strategy="no", eval_on_start=False)
     recipe["model"] = {"name": str(gguf.parent), "gguf_file": gguf.name, "init": "pretrained"}
     recipe["adapter"] = {"kind": "lora", "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}
@@ -142,4 +171,5 @@ def test_a_reward_model_from_a_gguf_file_trains_and_merges(tmp_path):
     merged = run_ft("merge", str(tmp_path / "run"), "--out", str(tmp_path / "merged"))
     assert merged.returncode == 0, merged.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "preference-eval.jsonl").read_text().splitlines()]
-    assert torch.isfinite(_scores(tmp_path / "merged", rows[:5])).all()
+    _assert_merged_scores_as_adapter(_scores(tmp_path / "merged", rows[:5]),
+                                      _as_adapter(tmp_path / "run", rows[:5], gguf.parent, gguf_file=gguf.name))
