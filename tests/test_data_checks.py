@@ -11,7 +11,6 @@ from transformers import AutoTokenizer
 
 from ft import data
 from ft.data.rows import DataError
-from ft.data.tokenize import IGNORE_INDEX, TokenizeSettings, tokenize_batch
 from ft.model import loading
 from ft.recipe import load_recipe
 
@@ -78,29 +77,40 @@ def test_on_missing_stop_error_refuses_the_data_before_training(write_recipe, tm
     assert not (tmp_path / "out" / "final").exists()
 
 
-def _trained_tokens(tokenizer, lines: list[str], max_length: int) -> tuple[int, int]:
-    """(trained tokens kept, trained tokens before the cut), counted on tokenize_batch's own labels by position."""
-    settings = TokenizeSettings(template=tokenizer.chat_template, max_length=10**6, truncation="truncate",
-                                train_on="all")
-    out = tokenize_batch({"prompt": [""] * len(lines), "completion": lines}, tokenizer, settings)
-    labels = out["labels"]
-    return (sum(sum(x != IGNORE_INDEX for x in row[:max_length]) for row in labels),
-            sum(sum(x != IGNORE_INDEX for x in row) for row in labels))
+def _trained_masks(tokenizer, rows: list[dict], format: str) -> list[list[bool]]:
+    """Which of each row's tokens are trained, found by transformers alone (not ft's tokenizer code): a text row is the
+    tokenizer's plain encoding and the EOS ft ends it with (its documented layout), every token trained; a chat is
+    the tokenizer's chat template applied, its tokens trained where the template marks the assistant's turn
+    (``{% generation %}``: the answer and its <|im_end|>)."""
+    if format == "text":
+        return [[True] * (len(tokenizer(row["text"])["input_ids"]) + 1) for row in rows]
+    return [[bool(m) for m in tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
+                                                             return_assistant_tokens_mask=True)["assistant_masks"]]
+            for row in rows]
 
 
+@pytest.mark.parametrize("format", ["text", "chat"])
 @pytest.mark.parametrize("truncation", ["truncate", "drop"])
-def test_what_max_length_cuts_is_measured_and_warned_with_the_length_that_fits(write_recipe, tmp_path, truncation):
-    """Plain text rows of 10..49 words: a max_length that cuts the longest quarter of them loses a share of the
-    trained tokens that the test counts itself; 99% of the rows fit in the longest row's length."""
+def test_what_max_length_cuts_is_measured_and_warned_with_the_length_that_fits(write_recipe, tmp_path, truncation,
+                                                                               format):
+    """Rows of 10..49 words (plain text, or a chat's answer): a max_length that cuts the longest quarter of them
+    loses a share of the trained tokens that the test counts itself, on the tokenizer's own encoding; 99% of the rows
+    fit in the longest row's length."""
     tokenizer = AutoTokenizer.from_pretrained(ASSETS)
     lines = [" ".join(f"word{j}" for j in range(10 + i)) for i in range(40)]
-    lengths = sorted(len(ids) + 1 for ids in tokenizer(lines)["input_ids"])  # + the EOS ft appends
+    rows = [{"text": line} if format == "text" else
+            {"messages": [{"role": "user", "content": f"Write {10 + i} words."},
+                          {"role": "assistant", "content": line}]} for i, line in enumerate(lines)]
+    masks = _trained_masks(tokenizer, rows, format)
+    lengths = sorted(len(mask) for mask in masks)
     max_length = lengths[29]
-    kept, full = _trained_tokens(tokenizer, lines, max_length)
-    if truncation == "drop":  # a dropped row loses all of its tokens
-        kept = sum(n for n in lengths if n <= max_length)
-    path = _rows(tmp_path, [json.dumps({"text": line}) for line in lines])
-    stats, warnings = _prepare(write_recipe, tmp_path, {"path": str(path), "format": "text"}, max_length=max_length,
+    full = sum(sum(mask) for mask in masks)
+    if truncation == "truncate":  # a cut row keeps the trained tokens of its first max_length
+        kept = sum(sum(mask[:max_length]) for mask in masks)
+    else:  # a dropped row loses all of its tokens
+        kept = sum(sum(mask) for mask in masks if len(mask) <= max_length)
+    path = _rows(tmp_path, [json.dumps(row) for row in rows])
+    stats, warnings = _prepare(write_recipe, tmp_path, {"path": str(path), "format": format}, max_length=max_length,
                                truncation=truncation)
     cut_rows = sum(n > max_length for n in lengths)
     assert cut_rows == 10 and stats["train_rows_cut_share"] == 0.25

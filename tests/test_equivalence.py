@@ -72,37 +72,66 @@ def test_dpo_batch_8_with_accumulation_4_trains_as_batch_32(write_recipe, tmp_pa
     _same_training(runs, rel=1e-4)
 
 
-def _token_losses(recipe_path) -> tuple[float, int, int]:
-    """(sum of the cross-entropy over every trained token, trained tokens, sequences) of all training rows, through
-    the trainer's own dataset, collator and model, as training feeds them."""
-    trainer, _ = built_trainer(recipe_path)
-    model = trainer.model.eval()
-    total, count, sequences = 0.0, 0, 0
+TOL = 1e-4  # per-token loss, nats: packed and unpacked measured within 5e-6 of each other
+
+
+def _row_losses(model, batch, **changes) -> list[tuple[tuple[int, ...], torch.Tensor, bool]]:
+    """(token ids, cross-entropy of each trained token, whether the row opens its sequence) of every row of one
+    collated batch, fed to ``model`` with ``changes`` to the batch's inputs. A packed (padding-free) batch is one
+    sequence whose rows start where TRL's position ids restart at 0; an unpacked one holds a row per sequence, its
+    padding after the attention mask's end."""
+    labels = batch["labels"]
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
     with torch.no_grad():
-        for batch in trainer.get_train_dataloader():
-            labels = batch.pop("labels")
-            logits = model(**batch).logits.float()
-            targets = labels[:, 1:]
-            mask = targets != -100
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1][mask], targets[mask], reduction="sum")
-            total += float(loss)
-            count += int(mask.sum())
-            sequences += len(labels)
-    return total, count, sequences
+        logits = model(**{**inputs, **changes}, use_cache=False).logits.float()
+    # token j's loss is the prediction of labels[j] from position j - 1
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:].clamp(min=0),
+                                               reduction="none")
+    rows = []
+    for b in range(len(labels)):
+        if "position_ids" in batch:
+            starts = (batch["position_ids"][b] == 0).nonzero().flatten().tolist()
+        else:
+            starts = [0]
+        ends = [*starts[1:], int(batch["attention_mask"][b].sum()) if "attention_mask" in batch else labels.size(1)]
+        for start, end in zip(starts, ends, strict=True):
+            trained = labels[b, start + 1:end] != -100
+            rows.append((tuple(batch["input_ids"][b, start:end].tolist()), losses[b, start:end - 1][trained],
+                         start == 0))
+    return rows
 
 
-def test_packed_rows_score_as_the_same_rows_unpacked(write_recipe, tmp_path):
-    """The same random-initialised model (seeded) scores every trained token of 64 uneven chats; packed, several rows
-    share a sequence and attend only within themselves (TRL's position ids, read by transformers' attention masks).
-    A packed sequence that let a row see the row before it would change the scores."""
+def test_packed_rows_score_token_for_token_as_the_same_rows_unpacked(write_recipe, tmp_path, sft_model):
+    """A trained model (``sft_model``: its loss depends on what came before, where a random model's is about ln V
+    whatever the context) scores every trained token of 64 uneven chats, through the trainer's own dataset, collator
+    and model as training feeds them. Packed, several rows share a sequence and each attends only within itself
+    (TRL's position ids, restarting at each row, read by transformers' attention masks): each row's tokens score as
+    they do unpacked. The same packed batches with the positions running on across rows, or with one causal mask
+    over the whole sequence, let a row see the rows before it: every such row scores differently."""
     _uneven_chats(tmp_path / "train.jsonl")
-    measured = {}
+    fed = {}
     for packing in (False, True):
         recipe = tiny_sft(tmp_path / f"out-{packing}", per_device_train_batch_size=4, seed=0)
+        recipe["model"] = {"name": str(sft_model), "init": "pretrained"}
         recipe["data"].update(train=[{"path": str(tmp_path / "train.jsonl"), "format": "chat"}], eval=[],
                               max_length=256, packing=packing)
-        measured[packing] = _token_losses(write_recipe(recipe, name=f"packing-{packing}.yaml"))
-    (plain, tokens, rows), (packed, packed_tokens, packed_rows) = measured[False], measured[True]
-    assert packed_rows < rows  # several rows per sequence: packing happened
-    assert packed_tokens == tokens
-    assert packed == pytest.approx(plain, rel=1e-5)
+        trainer, _ = built_trainer(write_recipe(recipe, name=f"packing-{packing}.yaml"))
+        fed[packing] = trainer.model.eval(), list(trainer.get_train_dataloader())
+    model, batches = fed[False]
+    plain = {ids: losses for batch in batches for ids, losses, _ in _row_losses(model, batch)}
+    assert len(plain) == 64 and sum(len(losses) for losses in plain.values()) > 64 * 20
+
+    model, batches = fed[True]
+    assert all(batch["input_ids"].size(0) == 1 for batch in batches)  # padding-free: a batch is one sequence
+    packed = [row for batch in batches for row in _row_losses(model, batch)]
+    assert len(packed) == 64 and {ids for ids, _, _ in packed} == plain.keys()
+    assert sum(first for _, _, first in packed) == len(batches) < 10  # rows share sequences: packing happened
+    for ids, losses, _ in packed:
+        torch.testing.assert_close(losses, plain[ids], rtol=0, atol=TOL)
+
+    for name, change in (("position_ids", lambda batch: torch.arange(batch["input_ids"].size(1))[None]),
+                         ("attention_mask", lambda batch: torch.ones_like(batch["input_ids"]))):
+        for batch in batches:
+            for ids, losses, first in _row_losses(model, batch, **{name: change(batch)}):
+                moved = float((losses - plain[ids]).abs().max())
+                assert (moved <= TOL) == first, (name, moved, first)  # only the row that opens a sequence is unmoved

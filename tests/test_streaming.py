@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
+from conftest import ASSETS, DATA, ROOT, assert_same_final_weights, run_ft, tiny_sft
+from transformers import AutoTokenizer
 
 from ft import data
 from ft.data.rows import DataError
@@ -63,18 +64,31 @@ def _stream(write_recipe, recipe: dict, world_size=1, stats=None, messages=None)
                           {} if stats is None else stats), tokenizer
 
 
+def _by_template(path) -> list[tuple[list[int], list[int]]]:
+    """(token ids, trained token ids) of each row of a chat file, in the file's order, by transformers alone (not ft's
+    reading, tokenizing or sharding): the tokenizer's chat template applied, trained where the template marks the
+    assistant's turn (``{% generation %}``: the answer and its <|im_end|>)."""
+    tokenizer = AutoTokenizer.from_pretrained(ASSETS)
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        out = tokenizer.apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        rows.append((out["input_ids"], [t for t, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]))
+    return rows
+
+
 def test_the_stream_never_ends_and_shards_rows_by_process(write_recipe, tmp_path):
     path = _rows(tmp_path / "train.jsonl", 30)
+    rows = [ids for ids, _ in _by_template(path)]
     messages, stats = [], {}
-    stream, tokenizer = _stream(write_recipe, _streamed(tmp_path / "out", path), stats=stats, messages=messages)
-    rows = [tokenizer.decode(row["input_ids"]) for row, _ in zip(stream, range(75), strict=False)]  # 256 read ahead
-    assert rows[30:60] == rows[:30] and rows[60:] == rows[:15]  # pass after pass, in the file's order
+    stream, _ = _stream(write_recipe, _streamed(tmp_path / "out", path), stats=stats, messages=messages)
+    read = [row["input_ids"] for row, _ in zip(stream, range(75), strict=False)]  # 256 read ahead
+    assert read == rows + rows + rows[:15]  # pass after pass, in the file's order
     assert stats["passes"]["data.train.0"] >= 3 and any("ran out after 30 rows" in m for m in messages)
     sharded, _ = _stream(write_recipe, _streamed(tmp_path / "out", path), world_size=2)
     assert sharded.n_shards == 2
-    mine = [[tokenizer.decode(row["input_ids"]) for row, _ in zip(sharded.shard(2, rank), range(15), strict=False)]
-            for rank in (0, 1)]
-    assert mine[0] == rows[0:30:2] and mine[1] == rows[1:30:2]  # rank r: the rows whose index is r modulo 2
+    mine = [[row["input_ids"] for row, _ in zip(sharded.shard(2, rank), range(15), strict=False)] for rank in (0, 1)]
+    assert mine[0] == rows[0::2] and mine[1] == rows[1::2]  # rank r: the file's rows whose index is r modulo 2
 
 
 def test_a_bad_row_in_a_stream_is_named_or_skipped_as_without_streaming(write_recipe, tmp_path):
@@ -204,8 +218,9 @@ def recorded(outputs, labels, num_items_in_batch=None):
 
 @pytest.mark.slow
 def test_two_processes_train_on_their_own_rows_of_the_stream(write_recipe, tmp_path):
-    """Each rank's trained rows (their labels, as the loss sees them) are the rows its shard holds, in order: rank r
-    the rows whose index is r modulo 2, so no row is trained twice."""
+    """Each rank's trained rows (their labels, as the loss sees them) are the file's rows whose index is r modulo 2,
+    in order, so no row is trained twice: the trained tokens of each, as the tokenizer's own chat template marks
+    them (not ft's stream or its shards)."""
     path = _rows(tmp_path / "train.jsonl", 200)
     (tmp_path / "record_labels.py").write_text(RECORD_LABELS)
     recipe = _streamed(tmp_path / "out", path, max_steps=4)
@@ -215,12 +230,10 @@ def test_two_processes_train_on_their_own_rows_of_the_stream(write_recipe, tmp_p
     done = subprocess.run([sys.executable, "-m", "ft", "train", str(write_recipe(recipe)), "--num-processes", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    sharded, _ = _stream(write_recipe, _streamed(tmp_path / "out", path), world_size=2)
+    rows = [trained for _, trained in _by_template(path)]
     for rank in (0, 1):
         trained = [json.loads(line) for line in (tmp_path / f"labels-{rank}.jsonl").read_text().splitlines()]
-        expected = [[t for t in row["labels"] if t != -100]
-                    for row, _ in zip(sharded.shard(2, rank), range(16), strict=False)]
-        assert trained == expected, rank
+        assert trained == rows[rank::2][:16], rank  # 4 steps of 4 rows, from the file's row `rank` on, every other
 
 
 def test_a_missing_source_or_sources_of_different_kinds_are_refused_before_training(write_recipe, tmp_path):
