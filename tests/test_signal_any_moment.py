@@ -249,6 +249,13 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
     print(report)
 
     stop_code = 128 + SIGNALS[name]
+    if code == -SIGNALS[name]:  # killed by it before ft took the signals over (Python's start, the recipe's checks)
+        assert not (out / "summary.json").exists() and not complete_checkpoints(out), (report, stderr[-3000:])
+        assert where.startswith("before the first step"), (report, stderr[-3000:])
+        resumed = run_ft("train", str(path))
+        assert resumed.returncode == 0, (report, resumed.stderr[-3000:])
+        assert_same_final_weights(out, reference)
+        return
     assert code in (0, stop_code), (report, stderr[-3000:])
     summary = json.loads((out / "summary.json").read_text())
     if code == stop_code:
@@ -334,3 +341,30 @@ def test_a_signal_after_the_last_step_saves_final_and_skips_the_scoring(write_re
     assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
     assert "SIGTERM came after the last step: the run is complete and final/ is saved; skipped so that it ends now: " \
            "exact match." in " ".join(result.stderr.split())
+
+
+SIGTERM_AT_EXIT = """
+import atexit
+import os
+import signal
+
+from transformers import TrainerCallback
+
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))  # as the process exits, after the run has ended
+
+
+class Nothing(TrainerCallback):
+    pass
+"""
+
+
+def test_a_signal_as_the_process_exits_leaves_a_completed_run_completed(write_recipe, tmp_path):
+    """A SIGTERM while ``ft train`` exits, after the run has ended and said how (summary.json; here from an atexit
+    handler): the completed run still exits 0, where the signal killed it (143 to the shell, which a scheduler takes
+    for a stop to resume, and the rerun then refuses the completed run)."""
+    (tmp_path / "sigterm_at_exit.py").write_text(SIGTERM_AT_EXIT)
+    recipe = tiny_sft(tmp_path / "out", max_steps=2, eval_strategy="no")
+    recipe["callbacks"] = [{"cls": "sigterm_at_exit:Nothing"}]
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "completed"

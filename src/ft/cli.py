@@ -150,7 +150,19 @@ def train(
         raise typer.Exit(result.exit_code)
     result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
                       "training", _run_dir(loaded))
+    _ending()
     raise typer.Exit(result.exit_code)
+
+
+def _ending() -> None:
+    """The run has ended and said how (summary.json, its exit code): SIGTERM and SIGINT are ignored while the process
+    exits (the interpreter's shutdown, atexit handlers: up to a second), where a signal would only turn a completed
+    run's 0 into 143 or a KeyboardInterrupt traceback, and a scheduler would take it for a stop to resume (found by
+    tests/test_signal_any_moment.py)."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _guarded(step, doing: str | None = None, log_dir: str | None = None):
