@@ -373,23 +373,29 @@ def test_a_flipped_byte_in_a_torch_archive_fails_its_checksum(saved_run, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_one_before(saved_run, tmp_path):
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_one_before(saved_run, tmp_path, name):
+    """Each kind of file a resume reads, cut short in the newest checkpoint: the run names it, resumes from the
+    checkpoint before, and ends with the uninterrupted run's weights (``saved_run``'s final/), bit for bit."""
     out = tmp_path / "run"
     shutil.copytree(saved_run, out)
-    for name in ("summary.json", "final"):  # as a run stopped after its step-4 checkpoint would leave it
-        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-    _cut(out / "checkpoint-4" / "model.safetensors")
+    for stale in ("summary.json", "final"):  # as a run stopped after its step-4 checkpoint would leave it
+        shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink()
+    _cut(out / "checkpoint-4" / name)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(json.dumps(tiny_sft(out, max_steps=4, save_strategy="steps", save_steps=2)))
 
     resumed = run_ft("train", str(recipe))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{out / 'checkpoint-4' / 'model.safetensors'}: does not read back as safetensors" in resumed.stderr
+    assert f"{out / 'checkpoint-4' / name}: " in resumed.stderr, resumed.stderr[-3000:]
     assert f"resuming from {out / 'checkpoint-2'}" in resumed.stderr and "Traceback" not in resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"] == str(out / "checkpoint-2")
     assert [(Path(u["checkpoint"]).name, u["file"]) for u in summary["unreadable_checkpoints"]] == [
-        ("checkpoint-4", "model.safetensors")]
+        ("checkpoint-4", name)]
+    assert_same_final_weights(out, saved_run)
+    if name != "model.safetensors":
+        return
 
     # none reads back: exit 2, naming each damaged file and the ways on
     for name in ("summary.json", "final"):
