@@ -8,8 +8,10 @@ run's weights, bit for bit.
 Each method's run is long enough (about 8 s of steps) that most moments fall before its last steps: one process waits
 ``jit_kill_wait`` (3 s) after a signal before it saves, so a signal in the last 3 s lets the run finish.
 
-CI runs one seeded moment per method and signal (``FT_SIGNAL_MOMENTS`` unset). The full check spreads N moments per
-method over the uninterrupted run's wall time (one in each N-th of it, where in that slice a seeded generator says):
+GRPO and RLOO also run on two processes (ft's launcher, gloo), where the launcher takes the signal and passes it on.
+CI runs one seeded SIGTERM moment per method on one process (``FT_SIGNAL_MOMENTS`` unset), drawn from the first half
+of training. The full check spreads N SIGTERM moments (and N/4 SIGINT ones) per method and per process count over the
+uninterrupted run's wall time (one in each N-th of it, where in that slice a seeded generator says):
 
     FT_SIGNAL_MOMENTS=20 python -m pytest -q -p no:randomly tests/test_signal_any_moment.py
 
@@ -84,6 +86,14 @@ class Timeline(TrainerCallback):
 
 LORA_WITH_DROPOUT = {"kind": "lora", "r": 8, "alpha": 16, "dropout": 0.1}
 
+# GRPO's and RLOO's reward: the completion's length in characters, which differs between any two samples of different
+# tokens (a length in tokens does not: this random model writes all 6 of them nearly every time), so every group's
+# advantages differ from 0 and every step trains
+CHARACTERS = """
+def characters(prompts, completions, **kwargs):
+    return [len(c if isinstance(c, str) else c[-1]["content"]) / 10 for c in completions]
+"""
+
 
 def _train(out: Path, steps: int, **more) -> dict:
     """About 7 s of steps (2 cores, one thread), an evaluation and a checkpoint at each third of them."""
@@ -112,15 +122,25 @@ def _sampling(method: str, steps: int):
         data = {"train": [{"path": str(DATA / "prompts.jsonl"), "format": "prompt"}],
                 "eval": [{"path": str(DATA / "prompts-eval.jsonl"), "format": "prompt", "fraction": 0.1}]}
         section = {"num_generations": 4, "max_completion_length": 6, "steps_per_generation": 4, "temperature": 1.0,
-                   "rewards": [{"name": "length_penalty", "args": {"target": 2}}]}
+                   "rewards": [{"fn": "characters:characters"}]}
         return {"method": method, "model": {"name": str(ASSETS), "init": "random"}, "data": data,
                 "optimizer": {"lr": 1.0e-3}, method: section,
                 "train": _train(out, steps, per_device_train_batch_size=8)}
     return recipe
 
 
+def _two_processes(build):
+    """The run on two processes (``launch.num_processes``: ft's launcher, gloo): the signal goes to the launcher, which
+    passes it on; the ranks agree on the step they stop at, and each one's random state is in the checkpoint."""
+    def recipe(out: Path) -> dict:
+        return {**build(out), "launch": {"num_processes": 2}}
+    return recipe
+
+
 METHODS = {"sft-lora-dropout": _sft, "dpo-lora-dropout": _dpo, "grpo-4-steps-per-generation": _sampling("grpo", 132),
-           "rloo-4-steps-per-generation": _sampling("rloo", 96)}
+           "rloo-4-steps-per-generation": _sampling("rloo", 96),
+           "grpo-two-processes": _two_processes(_sampling("grpo", 132)),
+           "rloo-two-processes": _two_processes(_sampling("rloo", 96))}
 
 
 def _count(name: str) -> int:
@@ -130,8 +150,15 @@ def _count(name: str) -> int:
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+# CI: one SIGTERM moment for each method on one process (the full check adds SIGINT and the two-process runs)
 CASES = [(method, name, index) for method in METHODS for name in SIGNALS for index in range(_count(name))
-         if MOMENTS > 1 or name == "SIGTERM" or method == "sft-lora-dropout"]  # CI: SIGINT once
+         if MOMENTS > 1 or (name == "SIGTERM" and "two-processes" not in method)]
+
+
+def _plugins(folder: Path) -> None:
+    """The code the recipes in ``folder`` name: the timeline callback and the reward."""
+    (folder / "timeline.py").write_text(TIMELINE)
+    (folder / "characters.py").write_text(CHARACTERS)
 
 
 def _recipe(folder: Path, method: str, out: Path, timeline: Path, begun: Path | None = None) -> Path:
@@ -156,7 +183,7 @@ def uninterrupted(tmp_path_factory):
         if method not in runs:
             for name in ("out", "again")[:2 if MOMENTS > 1 else 1]:
                 folder = tmp_path_factory.mktemp(f"uninterrupted-{method}")
-                (folder / "timeline.py").write_text(TIMELINE)
+                _plugins(folder)
                 path = _recipe(folder, method, folder / name, folder / "events.jsonl")
                 started = time.monotonic()
                 result = run_ft("train", str(path))
@@ -214,7 +241,7 @@ def _moment(method: str, name: str, index: int, window: tuple[float, float]) -> 
 def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_for_bit(uninterrupted, tmp_path, method,
                                                                                       name, index, record_property):
     reference, window = uninterrupted(method)
-    (tmp_path / "timeline.py").write_text(TIMELINE)
+    _plugins(tmp_path)
     out, events = tmp_path / "out", tmp_path / "events.jsonl"
     path = _recipe(tmp_path, method, out, events)
     delay = _moment(method, name, index, window)
@@ -239,7 +266,7 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
     sent_at = time.monotonic()
     process.send_signal(SIGNALS[name])
     _, stderr = process.communicate(timeout=600)
-    generation_every = 4 if method.startswith(("grpo", "rloo")) else None
+    generation_every = 4 if "grpo" in method or "rloo" in method else None
     where = landed_in(_events(events), sent_at, generation_every)
     code = process.returncode
     since = "the start" if MOMENTS > 1 else "training's start"
@@ -249,7 +276,8 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
     print(report)
 
     stop_code = 128 + SIGNALS[name]
-    if code == -SIGNALS[name]:  # killed by it before ft took the signals over (Python's start, the recipe's checks)
+    killed = code == -SIGNALS[name] or (code == stop_code and not (out / "summary.json").exists())
+    if killed:  # killed by it before ft took the signals over (Python's start; on two processes, the ranks')
         assert not (out / "summary.json").exists() and not complete_checkpoints(out), (report, stderr[-3000:])
         assert where.startswith("before the first step"), (report, stderr[-3000:])
         resumed = run_ft("train", str(path))
@@ -272,7 +300,8 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
         control = generation_every and not summary.get("stopped_in") and index == 0
         if control:  # the same run resumed without the checkpoint's random state (below)
             shutil.copytree(out, tmp_path / "without-rng" / "out")
-            (tmp_path / "without-rng" / "out" / saved[-1].name / "rng_state.pth").unlink()
+            for state in (tmp_path / "without-rng" / "out" / saved[-1].name).glob("rng_state*.pth"):
+                state.unlink()  # every process's
         resumed = run_ft("train", str(path))
         assert resumed.returncode == 0, (report, resumed.stderr[-3000:])
         if generation_every and not summary.get("stopped_in"):
@@ -285,21 +314,22 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
 
 
 def _assert_trained_after(out: Path, step: int, report: str) -> None:
-    """The resumed steps of a GRPO or RLOO run moved the weights: logged steps after the checkpoint had a gradient
-    (a step where every sample of a group earns the same reward has advantages, and a gradient, of 0: about half of
-    this random model's steps). Equal weights after them then say the same samples were drawn."""
+    """The resumed steps of a GRPO or RLOO run moved the weights: every logged step after the checkpoint had a
+    gradient (the samples of each group earned different rewards). Equal weights after them then say the same samples
+    were drawn."""
     history = json.loads((out / "log_history.json").read_text())
     norms = [entry["grad_norm"] for entry in history if "grad_norm" in entry and entry["step"] > step]
-    assert any(norm > 0 for norm in norms), (report, norms)
+    assert norms and all(norm > 0 for norm in norms), (report, norms)
 
 
 def _assert_differs_without_random_state(tmp_path: Path, method: str, reference: Path, begun: Path | None,
                                          report: str) -> None:
-    """The control: resumed from the same checkpoint with its rng_state.pth removed (transformers then warns and goes
-    on with the generators as seeded), the run samples other completions and ends with other weights, so the check
-    above can tell a resume that put the random state back from one that did not."""
+    """The control: resumed from the same checkpoint with its random state removed (rng_state.pth, or one per
+    process; transformers then warns and goes on with the generators as seeded), the run samples other completions
+    and ends with other weights, so the check above can tell a resume that put the random state back from one that
+    did not."""
     folder = tmp_path / "without-rng"
-    (folder / "timeline.py").write_text(TIMELINE)
+    _plugins(folder)
     path = _recipe(folder, method, folder / "out", tmp_path / "events.jsonl", begun)  # callbacks as the run's
     resumed = run_ft("train", str(path))
     assert resumed.returncode == 0, (report, resumed.stderr[-3000:])

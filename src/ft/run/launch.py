@@ -40,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ FLAGS = ("--num-processes", "--nnodes", "--node-rank", "--master-addr", "--maste
 RESUME_COMMAND_ENV = "FT_RESUME_COMMAND"
 LAUNCHED_ENV = "FT_LAUNCHED"  # set for the ranks ft starts: they watch their parent
 LOCK_HOLDER_ENV = "FT_LOCK_HOLDER"  # set for the ranks ft starts when it holds the output directory: its pid
+STOPPED_ENV = "FT_LAUNCHER_STOPPED"  # a file where ft writes a stop signal's number before passing it on
 SHUTDOWN_TIMEOUT = 3600  # seconds the launcher gives ranks that are still saving after one rank ended
 
 
@@ -204,12 +206,14 @@ def run(loaded: LoadedRecipe, launch: Launch, argv: list[str], command: str, say
 
     holds = launch.nnodes == 1 and launch.accelerate_config is None
     held = lock.output_dir(Path(loaded.recipe.train_args["output_dir"])) if holds else contextlib.nullcontext()
-    with held:
+    with held, tempfile.TemporaryDirectory(prefix="ft-launch-") as folder:
         _prepare_data(loaded, launch, say)
-        env = {RESUME_COMMAND_ENV: command, LAUNCHED_ENV: "1", **({LOCK_HOLDER_ENV: str(os.getpid())} if holds else {})}
+        stopped = Path(folder) / "stopped"
+        env = {RESUME_COMMAND_ENV: command, LAUNCHED_ENV: "1", STOPPED_ENV: str(stopped),
+               **({LOCK_HOLDER_ENV: str(os.getpid())} if holds else {})}
         args = ["-m", "ft", *rank_argv(argv)]
         say(f"ft: starting {launch.describe()}; each runs `python {' '.join(args)}`")
-        with _environment(env), _PassSignalsOn() as relay:
+        with _environment(env), _PassSignalsOn(stopped) as relay:
             if launch.accelerate_config is not None:
                 codes = _accelerate(launch, args, relay)
             else:
@@ -345,11 +349,17 @@ def _shown(code: int) -> str:
 
 class _PassSignalsOn:
     """While open, SIGTERM and SIGINT sent to ft are passed on to every rank (ft's child processes, each the leader
-    of its own process group) instead of ending ft; ``received`` is the first one."""
+    of its own process group) instead of ending ft; ``received`` is the first one.
 
-    def __init__(self):
+    The first is also written to ``note`` before it is passed on: a rank that was not yet ft's child then, or not yet
+    the leader of its own group (torch starts the ranks while the signal may come), finds it there as it starts and
+    stops before its first step (``stop_if_the_launcher_was``), where it would have trained the whole run unsignalled
+    and ft would have ended 143 after it."""
+
+    def __init__(self, note: Path | None = None):
         self.received: int | None = None
         self.children: Callable[[], list[int]] = _child_pids
+        self.note = note
         self._previous: dict[int, object] = {}
 
     def __enter__(self):
@@ -358,6 +368,9 @@ class _PassSignalsOn:
         return self
 
     def _pass_on(self, signum, _frame):
+        if self.received is None and self.note is not None:
+            with contextlib.suppress(OSError):
+                self.note.write_text(str(signum))
         self.received = self.received or signum
         for pid in self.children():
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -394,6 +407,16 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def stop_if_the_launcher_was() -> None:
+    """In a rank ft started: raise ``StoppedBeforeTraining`` when ft took a stop signal before it could pass it on to
+    this rank (``_PassSignalsOn``), so that the rank ends as one signalled before its first step would."""
+    from .signals import StoppedBeforeTraining
+
+    note = os.environ.get(STOPPED_ENV)
+    if note and os.path.exists(note):
+        raise StoppedBeforeTraining(int(Path(note).read_text() or signal.SIGTERM))
 
 
 def watch_parent() -> None:

@@ -70,6 +70,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
         try:
             with signals.StopsBeforeTraining():
                 run.phase = "checking the machine"
+                launch.stop_if_the_launcher_was()  # a rank ft started after it took a stop signal
                 _check_machine(run)
                 run.benchmarks = in_run.prepare(run.recipe.benchmarks, run.main)  # tasks checked before any load
                 run.phase = "importing the recipe's code"
