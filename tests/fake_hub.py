@@ -7,24 +7,23 @@ the commit, base64), as the Hub answers small text files, unless its name ends w
 answered "lfs", as the Hub answers weights, and go up as huggingface_hub sends them to LFS storage: their sha256 and
 size to the LFS batch API (``POST /<repo>.git/info/lfs/objects/batch``), which answers where to PUT the bytes (here,
 ``/lfs-storage/<repo>/<sha256>``; nothing, for bytes already stored, as the Hub skips them) and where to verify them;
-the commit then names the file by sha256 and size (an ``lfsFile`` line) and takes its bytes from that storage (a
-commit naming bytes never stored is refused, 422; the Hub refuses it too). Bytes PUT whose sha256 is not the one
-announced are refused (400).
+the commit then names the file by sha256 and size (an ``lfsFile`` line) and takes its bytes from that storage (a commit
+naming bytes never stored is refused, 422; the Hub refuses it too). Bytes PUT whose sha256 is not the one announced are
+refused (400).
 
-huggingface_hub sends a file the preupload answers "lfs" through Xet storage, not LFS, whenever ``hf_xet`` is
-installed (a dependency of huggingface_hub on x86-64 and arm64; the choice is the client's alone, the server's answers
-cannot steer it): a client pushing such files to this stand-in, which has no Xet storage, runs with
-HF_HUB_DISABLE_XET=1 (its request for a Xet token would be answered 404 and listed in ``unanswered``). Like the Hub,
-a commit to a branch that does not exist is refused (404, RevisionNotFound).
+huggingface_hub sends a file the preupload answers "lfs" through Xet storage, not LFS, whenever ``hf_xet`` is installed
+(a dependency of huggingface_hub on x86-64 and arm64; the choice is the client's alone, the server's answers cannot
+steer it): a client pushing such files to this stand-in, which has no Xet storage, runs with HF_HUB_DISABLE_XET=1 (its
+request for a Xet token would be answered 404 and listed in ``unanswered``). Like the Hub, a commit to a branch that
+does not exist is refused (404, RevisionNotFound).
 
-What it keeps, for the tests to compare: ``repos`` (id -> {"private", "branches": {name: {path: bytes}}}),
-``commits`` (one dict per commit: repo, revision, message, files, ``lfs``: those of its files that came through LFS
-storage), ``uploads`` (every (repo, revision, path) sent, in order, repeats included), ``lfs_objects`` ((repo, sha256)
--> the bytes PUT), ``lfs_puts`` (every (repo, sha256) PUT, in order) and ``authorizations`` (the Authorization header
-of every request). ``refuse`` maps a call (``create``, ``branch``, ``commit``) to the status it answers instead (401,
-500); a call in ``stall`` never answers (until ``close``); ``refuse_commits`` refuses only the commits whose message
-starts with its key, with its status.
-"""
+What it keeps, for the tests to compare: ``repos`` (id -> {"private", "branches": {name: {path: bytes}}}), ``commits``
+(one dict per commit: repo, revision, message, files, ``lfs``: those of its files that came through LFS storage,
+``lfs_oids``: their sha256), ``uploads`` (every (repo, revision, path) sent, in order, repeats included),
+``lfs_objects`` ((repo, sha256) -> the bytes PUT), ``lfs_puts`` (every (repo, sha256) PUT, in order) and
+``authorizations`` (the Authorization header of every request). ``refuse`` maps a call (``create``, ``branch``,
+``commit``) to the status it answers instead (401, 500); a call in ``stall`` never answers (until ``close``);
+``refuse_commits`` refuses only the commits whose message starts with its key, with its status."""
 
 from __future__ import annotations
 
@@ -155,7 +154,8 @@ class FakeHub:
             self.uploads.extend((repo, revision, path) for path in added)
             oid = hashlib.sha1(repr((len(self.commits), sorted(added))).encode()).hexdigest()
             self.commits.append({"repo": repo, "revision": revision, "message": header.get("summary"),
-                                 "files": sorted(added), "lfs": sorted(pointers), "oid": oid})
+                                 "files": sorted(added), "lfs": sorted(pointers), "oid": oid,
+                                 "lfs_oids": {path: pointer["oid"] for path, pointer in pointers.items()}})
         return 200, {}, {"commitUrl": f"{self.url}/{repo}/commit/{oid}", "commitOid": oid, "success": True}
 
     def _lfs_batch(self, repo: str, asked: dict):

@@ -46,11 +46,7 @@ def _final_commit_holds_the_run(hub, out, revision: str = "experiments") -> dict
 def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_names(write_recipe, tmp_path, fake_hub):
     """The weights (.safetensors) are answered "lfs" at preupload, as the Hub answers them: they go up through the LFS
     batch API and a PUT of their bytes, and the commit names them by sha256. HF_HUB_DISABLE_XET: huggingface_hub
-    sends such files to Xet storage instead whenever hf_xet is installed, which the stand-in does not serve.
-
-    (The checkpoint pushes of the tests below stay "regular": with hub_always_push, transformers copies the next
-    save's weights over the file a background push may still be reading, and the sha256 that push announced to LFS
-    storage then no longer matches the bytes it sends.)"""
+    sends such files to Xet storage instead whenever hf_xet is installed, which the stand-in does not serve."""
     out = tmp_path / "out"
     fake_hub.lfs_suffixes = (".safetensors",)
     env = hub_env(tmp_path, fake_hub, TOKEN, HF_HUB_DISABLE_XET="1")
@@ -86,14 +82,25 @@ def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_name
 @pytest.mark.parametrize("strategy", ["every_save", "checkpoint"])
 def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_path, fake_hub, strategy):
     """transformers' documented behaviour: every_save pushes the model at each save; checkpoint also the checkpoint
-    as last-checkpoint/ (to resume from); ft's final push comes last, after those have finished."""
+    as last-checkpoint/ (to resume from); ft's final push comes last, after those have finished.
+
+    With hub_always_push, each save's push goes up whole, its weights the checkpoint's own bytes (through LFS storage,
+    which checks them against the sha256 the push announced): transformers copies the next save's weights over the
+    files the push before may still be reading, so ft holds the next push until the one before has finished
+    (``hub_push.one_push_at_a_time``; without it the step-2 push went up with torn bytes in 2 of 3 runs)."""
     out = tmp_path / "out"
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, strategy))), env=hub_env(tmp_path, fake_hub, TOKEN))
+    fake_hub.lfs_suffixes = (".safetensors",)
+    env = hub_env(tmp_path, fake_hub, TOKEN, HF_HUB_DISABLE_XET="1")
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, strategy))), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
 
     saves = ["Training in progress, step 2", "Training in progress, step 4"]
     expected = saves + ([f"{message}, checkpoint" for message in saves] if strategy == "checkpoint" else [])
     assert sorted(commit["message"] for commit in fake_hub.commits[:-1]) == sorted(expected)
+    for step, message in ((2, saves[0]), (4, saves[1])):
+        (commit,) = [commit for commit in fake_hub.commits if commit["message"] == message]
+        weights = (out / f"checkpoint-{step}" / "model.safetensors").read_bytes()
+        assert commit["lfs_oids"]["model.safetensors"] == hashlib.sha256(weights).hexdigest(), step
     _final_commit_holds_the_run(fake_hub, out)
     uploads = Counter(path for _, _, path in fake_hub.uploads)
     assert uploads["summary.json"] == 1 and "summary.json" in fake_hub.commits[-1]["files"]

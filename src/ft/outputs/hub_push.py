@@ -1,17 +1,17 @@
 """A finished run on the Hugging Face Hub (``train.push_to_hub``): final/ and summary.json, in one commit, once the
 run's report is written.
 
-transformers pushes from two places. During training, each checkpoint save pushes as ``train.hub_strategy`` says
-(the model files, and with ``checkpoint`` or ``all_checkpoints`` the checkpoint folder too); ft leaves that as
-transformers documents it. At the end, ``Trainer.save_model`` pushes the whole output directory as soon as the model
-is saved: for ft that is before summary.json exists, and that push saves the model a second time into the output
-directory, so the weights would go up twice (final/ and the copy). ft's trainers skip that push
-(``FtTrainerMixin.push_to_hub``) and ``push_final`` makes it instead: final/'s files at the repository's root (so
-``from_pretrained(repo)`` loads it), the model card the trainer writes, and summary.json, each once.
+transformers pushes from two places. During training, each checkpoint save pushes as ``train.hub_strategy`` says (the
+model files, and with ``checkpoint`` or ``all_checkpoints`` the checkpoint folder too); ft leaves that as transformers
+documents it, but for one push at a time with ``hub_always_push`` (``one_push_at_a_time``). At the end,
+``Trainer.save_model`` pushes the whole output directory as soon as the model is saved: for ft that is before
+summary.json exists, and that push saves the model a second time into the output directory, so the weights would go up
+twice (final/ and the copy). ft's trainers skip that push (``FtTrainerMixin.push_to_hub``) and ``push_final`` makes it
+instead: final/'s files at the repository's root (so ``from_pretrained(repo)`` loads it), the model card the trainer
+writes, and summary.json, each once.
 
-A push that fails (refused, a server error, the Hub silent for ``FT_HUB_TIMEOUT`` seconds) leaves the run complete
-on disk; ``PushFailed`` says why and how to push it by hand, and ``ft train`` exits 1.
-"""
+A push that fails (refused, a server error, the Hub silent for ``FT_HUB_TIMEOUT`` seconds) leaves the run complete on
+disk; ``PushFailed`` says why and how to push it by hand, and ``ft train`` exits 1."""
 
 from __future__ import annotations
 
@@ -86,6 +86,22 @@ def push_final(trainer, output_dir: Path, say: Callable[[str], None]) -> dict:
         raise PushFailed(_failure(exc, repo, revision, output_dir), record) from exc
     say(f"ft: pushed final/ and summary.json to {repo} ({record['revision']}): {info.commit_url}")
     return {**record, "commit": info.oid, "files": sorted(files)}
+
+
+def one_push_at_a_time(trainer):
+    """A TrainerCallback for ``train.hub_always_push``: a checkpoint save's push waits, before it begins, for the push
+    before it to finish. transformers copies each save's model files into the output directory and uploads that
+    folder in the background; with ``hub_always_push`` it starts the next push while the last may still be reading
+    those files, and copies the next save's weights over them, so the last push sent torn weights (against the sha256
+    it announced to LFS storage: refused, or stored as they were read). Without ``hub_always_push`` transformers skips
+    a push while one is under way, and this waits for nothing."""
+    from transformers import TrainerCallback
+
+    class OnePushAtATime(TrainerCallback):
+        def on_push_begin(self, args, state, control, **kwargs):
+            _wait_for_checkpoint_pushes(trainer)  # a failure is said at the end (push_final), as before
+
+    return OnePushAtATime()
 
 
 def _wait_for_checkpoint_pushes(trainer) -> str | None:

@@ -673,6 +673,8 @@ def prepare_trainer(recipe: Recipe, hooks: Hooks, hw: hardware.Hardware, say: Ca
                            hardware.optimizer_defaults(recipe, hw), lora,
                            preflight.settings_for(recipe, hw.cuda, sharded, say))
     trainer = build_trainer(recipe, inputs)
+    if trainer.args.push_to_hub and trainer.args.hub_always_push:
+        trainer.add_callback(hub_push.one_push_at_a_time(trainer))
     if phases is not None:
         phases.update(prepare_data=round(data_ready - clock, 3), load_model=round(time.perf_counter() - data_ready, 3))
     return trainer, prepared
