@@ -188,3 +188,37 @@ def test_summary_and_exact_match_answers_are_written_whole_or_not_at_all_on_a_fu
     assert result["failed"] == ["OSError", "OSError"]  # both writes failed for want of space ...
     assert result["files"] == ["summary.json"]  # ... leaving no 0-byte exact_match.jsonl, no temporary file
     assert result["summary"] == {"status": "stopped", "steps": 10}  # and the previous summary.json whole
+
+
+def test_on_several_processes_every_one_stops_where_any_one_is_short(tmp_path):
+    """The guard on each of several processes: each asks its own disk and they agree (``agree``: the largest of every
+    process's answer, a collective made only at step ends that save, the same on every process), so all skip the save
+    and stop together when one disk is short, and the process whose disk had room says why it stopped too."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from ft.outputs import disk
+
+    def guarded(first_bytes: float, others_short: int):
+        asked: list[int] = []
+
+        def agree(short: int, device) -> int:
+            asked.append(short)
+            return max(short, others_short)
+
+        guard = disk.guard(tmp_path, first_bytes, "ft train recipe.yaml", agree)
+        control = guard.on_step_end(SimpleNamespace(device="cpu"), TrainerState(global_step=6),
+                                    TrainerControl(should_save=True))
+        return guard, control, asked
+
+    guard, control, asked = guarded(1.0, others_short=1)  # room here, another process short
+    assert asked == [0] and not control.should_save and control.should_training_stop
+    assert guard.refused.startswith("stopped at step 6 before saving checkpoint-6: another process found too little")
+    guard, control, asked = guarded(1.0e18, others_short=0)  # short here
+    assert asked == [1] and not control.should_save and control.should_training_stop
+    assert "has" in guard.refused and "free and a checkpoint needs about" in guard.refused
+    guard, control, asked = guarded(1.0, others_short=0)  # room everywhere: the save goes on
+    assert asked == [0] and control.should_save and not control.should_training_stop and guard.refused is None
+    quiet = disk.guard(tmp_path, 1.0e18, "ft train recipe.yaml", lambda short, device: pytest.fail("asked"))
+    quiet.on_step_end(SimpleNamespace(device="cpu"), TrainerState(global_step=5), TrainerControl())  # no save: none

@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import FtError
@@ -137,34 +138,45 @@ def _resume(complete: list[Path], command: str) -> str:
 class DiskGuard:
     """A TrainerCallback (the class is made by ``guard``, importing transformers only in ``ft train``): before each
     save, the free space against the newest complete checkpoint's size (or ``first_bytes`` before the first); when
-    it falls short, the save is skipped and training stops at this step end, and ``refused`` says why."""
+    it falls short, the save is skipped and training stops at this step end, and ``refused`` says why.
 
-    def __init__(self, output_dir: Path, first_bytes: float, command: str):
-        self.output_dir, self.first_bytes, self.command = output_dir, first_bytes, command
+    On several processes every one asks, and they agree (``agree``: the largest of every process's answer, by a
+    collective each makes at the same step end): the disks they see may differ (a node's own disk) or change between
+    two of them asking, and a process that stopped while another went on would leave that one waiting in the next
+    step's all-reduce until the collective timeout."""
+
+    def __init__(self, output_dir: Path, first_bytes: float, command: str,
+                 agree: Callable[[int, object], int] | None = None):
+        self.output_dir, self.first_bytes, self.command, self.agree = output_dir, first_bytes, command, agree
         self.refused: str | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
-        """Every process asks (they share the output directory's disk), so all of them stop at the same step end."""
         if not control.should_save:
             return control
         complete = complete_checkpoints(self.output_dir)
         size = size_of(complete[-1]) if complete else self.first_bytes
         free = free_bytes(self.output_dir)
-        if size and free < size * MARGIN:
-            control.should_save, control.should_training_stop = False, True
+        short = bool(size and free < size * MARGIN)
+        if not (self.agree(int(short), args.device) if self.agree is not None else short):
+            return control
+        control.should_save, control.should_training_stop = False, True
+        step = state.global_step
+        if short:
             basis = f"the size of {complete[-1].name}" if complete else "ft plan's size of one"
-            self.refused = (f"stopped at step {state.global_step} before saving checkpoint-{state.global_step}: the "
-                            f"disk holding {self.output_dir} has {human(free)} free and a checkpoint needs about "
-                            f"{human(size * MARGIN)} ({basis}, and a fifth more), so it would be written half way. "
-                            + _resume(complete, self.command))
+            why = (f"the disk holding {self.output_dir} has {human(free)} free and a checkpoint needs about "
+                   f"{human(size * MARGIN)} ({basis}, and a fifth more), so it would be written half way")
+        else:
+            why = "another process found too little free space on the disk it saves to (its own line says which)"
+        self.refused = f"stopped at step {step} before saving checkpoint-{step}: {why}. " + _resume(complete,
+                                                                                                  self.command)
         return control
 
 
-def guard(output_dir: Path, first_bytes: float, command: str):
+def guard(output_dir: Path, first_bytes: float, command: str, agree: Callable[[int, object], int] | None = None):
     """A ``DiskGuard`` that is a transformers TrainerCallback."""
     from transformers import TrainerCallback
 
     class _Guard(DiskGuard, TrainerCallback):
         pass
 
-    return _Guard(output_dir, first_bytes, command)
+    return _Guard(output_dir, first_bytes, command, agree)

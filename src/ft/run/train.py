@@ -696,7 +696,10 @@ def _disk_guard(run: _Run):
     warning = disk.start_warning(output_dir, size, trainer.args.save_total_limit)
     if warning:
         run.say(warning)
-    watchdog = disk.guard(output_dir, size, run.command)
+    agree = None
+    if ranks.world_size() > 1:
+        from ..trainers.preemption import agreed as agree  # every process's answer at the same step end
+    watchdog = disk.guard(output_dir, size, run.command, agree)
     trainer.add_callback(watchdog)
     return watchdog
 
