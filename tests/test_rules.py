@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import DATA, tiny_sft
+from conftest import ASSETS, DATA, tiny_sft
 
 from ft.machine import hardware
 from ft.machine.hardware import Hardware
@@ -196,6 +196,25 @@ def test_cuda_only_settings_are_refused_on_cpu_and_allowed_on_gpu(write_recipe, 
     on_cpu = _machine_problems(write_recipe, tmp_path, changes, CPU)
     assert key in on_cpu and "CUDA" in on_cpu[key]
     assert key not in _machine_problems(write_recipe, tmp_path, changes, GPU)
+
+
+def test_vllm_generation_is_refused_on_cpu_and_where_vllm_is_not_installed(write_recipe, tmp_path):
+    """GRPO's ``train.use_vllm`` on this CPU: refused with the way on (generate with transformers); on a GPU machine
+    without the vllm package (it is not installed here): refused naming the package."""
+    import importlib.util
+
+    recipe = {"method": "grpo", "model": {"name": str(ASSETS), "init": "random"},
+              "data": {"train": [{"path": str(DATA / "prompts.jsonl"), "format": "prompt"}]},
+              "grpo": {"rewards": [{"name": "length_penalty", "args": {"target": 2}}]},
+              "train": {"output_dir": str(tmp_path / "out"), "use_vllm": True}}
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    on_cpu = {p.path: p.message for p in hardware.check_hardware(loaded, CPU)}
+    assert set(on_cpu) == {"train.use_vllm"} and "no CUDA device is visible" in on_cpu["train.use_vllm"]
+    assert importlib.util.find_spec("vllm") is None
+    on_gpu = {p.path: p.message for p in hardware.check_hardware(loaded, GPU)}
+    assert set(on_gpu) == {"train.use_vllm"} and "`pip install vllm`" in on_gpu["train.use_vllm"]
+    recipe["train"]["use_vllm"] = False
+    assert hardware.check_hardware(load_recipe(write_recipe(recipe)).recipe, CPU) == []
 
 
 def test_quantization_is_allowed_on_cpu_where_bitsandbytes_runs_there(write_recipe, tmp_path):

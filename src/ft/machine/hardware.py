@@ -96,6 +96,8 @@ def check_hardware(recipe: Recipe, hw: Hardware, processes: int = 1) -> list[Pro
     if not hw.cuda and train.get("use_liger_kernel"):
         problems.append(Problem("train.use_liger_kernel", "Liger kernels are Triton GPU kernels and no CUDA "
                                 "device is visible; remove `train.use_liger_kernel` here."))
+    if train.get("use_vllm"):
+        problems += _vllm_problems(hw)
     problems += _optimizer_problems(recipe, hw)
     problems += _distributed_problems(recipe, hw, processes)
     problems += trackers.problems(recipe)  # train.report_to naming a tracker that is not installed
@@ -122,6 +124,19 @@ def _quantization_problems(hw: Hardware) -> list[Problem]:
         return [Problem("model.quantization", f"the installed bitsandbytes {bitsandbytes.__version__} cannot load "
                         f"4/8-bit weights on this machine's {device} (it supports {', '.join(sorted(supported))}); "
                         "upgrade bitsandbytes, or remove `model.quantization` to train in full precision here.")]
+    return []
+
+
+def _vllm_problems(hw: Hardware) -> list[Problem]:
+    """GRPO's and RLOO's generation through vLLM (``train.use_vllm``): CUDA GPUs only, and a package ft does not
+    install (it pins its own torch build)."""
+    if not hw.cuda:
+        return [Problem("train.use_vllm", "vLLM generates on CUDA GPUs and no CUDA device is visible; remove "
+                        "`train.use_vllm` here: the trainer then generates with transformers' `generate`.")]
+    if importlib.util.find_spec("vllm") is None:
+        return [Problem("train.use_vllm", "vLLM is not installed here (ft does not install it: each vLLM release "
+                        "pins its torch); `pip install vllm` for this machine's torch and CUDA, or remove "
+                        "`train.use_vllm` to generate with transformers' `generate`.")]
     return []
 
 
