@@ -5,8 +5,9 @@ the run must end in 143 (130 for SIGINT) with a complete checkpoint of the step 
 a stop before the first step, or in 0 when it finished first; and the same command then ends with the uninterrupted
 run's weights, bit for bit.
 
-Each method's run is long enough (about 8 s of steps) that most moments fall before its last steps: one process waits
-``jit_kill_wait`` (3 s) after a signal before it saves, so a signal in the last 3 s lets the run finish.
+Each method's run is long enough (about 7 s of steps in CI, 14 s in the full check) that most moments fall before its
+last steps: one process waits ``jit_kill_wait`` (3 s) after a signal before it saves, so a signal in the last 3 s lets
+the run finish.
 
 GRPO and RLOO also run on two processes (ft's launcher, gloo), where the launcher takes the signal and passes it on.
 CI runs one seeded SIGTERM moment per method on one process (``FT_SIGNAL_MOMENTS`` unset), drawn from the first half
@@ -95,8 +96,15 @@ def characters(prompts, completions, **kwargs):
 """
 
 
+# the full check's runs are twice as long (about 14 s of steps): a moment in a run's last kill_wait seconds lets it
+# finish (exit 0), and more of them then stop the run and resume it
+LENGTH = 2 if MOMENTS > 1 else 1
+
+
 def _train(out: Path, steps: int, **more) -> dict:
-    """About 7 s of steps (2 cores, one thread), an evaluation and a checkpoint at each third of them."""
+    """About 7 s of steps (2 cores, one thread; ``LENGTH`` times that in the full check), an evaluation and a
+    checkpoint at each third of them."""
+    steps *= LENGTH
     return {"output_dir": str(out), "max_steps": steps, "logging_steps": 5, "eval_strategy": "steps",
             "eval_steps": steps // 3, "save_strategy": "steps", "save_steps": steps // 3, "report_to": "none",
             "seed": 0, **more}
