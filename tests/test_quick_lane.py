@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import quick_lane
 from conftest import tiny_sft
 from ft_server import ForkServer
 
 
+@pytest.mark.slow  # a fork server of its own: 9 s of imports the quick lane need not pay to check itself
 def test_a_command_that_trains_fails_in_the_quick_lane(tmp_path, write_recipe):
     """A fork server of a quick-lane session (its environment has ``FT_TESTS_QUICK_LANE``) runs a tiny ``ft train``:
     the run fails with the quick lane's message before its first step; validating the same recipe still works."""
