@@ -49,7 +49,7 @@ from ..errors import FtError
 from ..recipe import LoadedRecipe, Problem, Processes
 from ..recipe.errors import first_line
 from .ranks import launched_world_size
-from .signals import STOP_SIGNALS, exit_code, signal_name
+from .signals import STOP_SIGNALS, StoppedBeforeTraining, exit_code, signal_name
 
 # the CLI's launch flags: the launcher reads them, the ranks must not see them
 FLAGS = ("--num-processes", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
@@ -412,8 +412,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def stop_if_the_launcher_was() -> None:
     """In a rank ft started: raise ``StoppedBeforeTraining`` when ft took a stop signal before it could pass it on to
     this rank (``_PassSignalsOn``), so that the rank ends as one signalled before its first step would."""
-    from .signals import StoppedBeforeTraining
-
     note = os.environ.get(STOPPED_ENV)
     if note and os.path.exists(note):
         raise StoppedBeforeTraining(int(Path(note).read_text() or signal.SIGTERM))
