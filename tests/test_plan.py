@@ -18,7 +18,7 @@ import yaml
 from conftest import ASSETS, ROOT, run_ft
 
 from ft.plan.memory import estimate, layer_bytes, setup_for
-from ft.plan.report import plan
+from ft.plan.report import parse_memory, plan
 from ft.plan.shape import read_shape
 from ft.plan.suggest import set_args
 from ft.recipe import load_recipe
@@ -256,3 +256,31 @@ def test_a_reward_models_estimate_has_a_score_head_and_matches_a_real_cpu_run(tm
     assert not any(p.name.startswith("logits") for p in est.parts)
     measured = _measured_peak(path)
     assert 0.85 <= est.total / measured <= 1.15, (est.total / MiB, measured / MiB)
+
+
+def test_vllm_colocated_with_training_takes_its_share_of_the_gpu(tmp_path, wide):
+    """GRPO with ``train.use_vllm`` in TRL's colocate mode (its default): vLLM reserves
+    ``vllm_gpu_memory_utilization`` of each GPU (TRL's default 0.3) beside training, so a GPU the training step fits in
+    with room to spare no longer fits once vLLM's share is counted; in server mode vLLM runs on other GPUs and nothing
+    is counted. The suggestions then fit what is left."""
+    prompts = ROOT / "data" / "arithmetic" / "prompts.jsonl"
+    path = _recipe(tmp_path, wide, method="grpo", grpo={"rewards": [{"name": "numeric_match"}], "num_generations": 4},
+                   data={"train": [{"path": str(prompts), "format": "prompt"}], "max_length": 256})
+    needed = _estimate(path).total
+    budget = needed / 0.7  # training alone: 70% of the GPU, under the 90% that fits
+    gpu = f"{budget / MiB:.0f}MiB"
+    alone = plan(load_recipe(path).recipe, str(path), gpu_memory=gpu)
+    assert alone.fits and alone.vllm_bytes == 0.0
+    server = plan(load_recipe(path, ["train.use_vllm=true", "train.vllm_mode=server"]).recipe, str(path),
+                  gpu_memory=gpu)
+    assert server.fits and server.vllm_bytes == 0.0
+    colocated = plan(load_recipe(path, ["train.use_vllm=true"]).recipe, str(path), gpu_memory=gpu)
+    assert colocated.estimate.total == pytest.approx(needed)  # training's own share is unchanged
+    assert colocated.vllm_bytes == pytest.approx(0.3 * parse_memory(gpu)) and colocated.fits is False
+    assert colocated.suggestions
+    for suggestion in colocated.suggestions:  # each leaves training under 90% - 30% of the GPU
+        assert suggestion.estimate.total <= 0.6 * parse_memory(gpu)
+    shown = plan(load_recipe(path, ["train.use_vllm=true", "train.vllm_gpu_memory_utilization=0.25"]).recipe,
+                 str(path), gpu_memory=gpu).render()
+    assert "vLLM (train.use_vllm, colocate mode) holds train.vllm_gpu_memory_utilization 0.25 of each GPU" in shown
+    assert re.search(r"per GPU: too tight .*, 95\.\d% of it", shown), shown  # 70% + 25%

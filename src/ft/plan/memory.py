@@ -88,6 +88,7 @@ class Setup:
     freeze: tuple[str, ...] = ()  # model.freeze: a vision-language model's parts that do not train
     images: ImageLoad | None = None  # a vision-language model's images per row (ft.plan.vision.image_load)
     eval_batch: int = 0  # per_device_eval_batch_size when the run evaluates (data.eval, split_ratio), else 0
+    vllm_share: float = 0.0  # of each GPU's memory vLLM takes beside training (train.use_vllm, vllm_mode colocate)
 
     @property
     def sequences(self) -> int:
@@ -191,7 +192,17 @@ def setup_for(recipe: Recipe, shape: Shape, device: str = "cuda", gpus: int = 1,
         reference=any(extra.role == "reference" for extra in models_of(recipe)) or (
             method.reference_copy and adapter is None and not train.get("precompute_ref_log_probs")),
         frozen=frozen_models(recipe), freeze=tuple(model.freeze or ()), images=images,
-        eval_batch=train.get("per_device_eval_batch_size", 8) if recipe.data.has_eval else 0)
+        eval_batch=train.get("per_device_eval_batch_size", 8) if recipe.data.has_eval else 0,
+        vllm_share=vllm_share(train) if device == "cuda" else 0.0)
+
+
+def vllm_share(train: dict) -> float:
+    """The share of each GPU's memory vLLM reserves in the training processes (GRPO/RLOO with ``use_vllm`` in TRL's
+    ``colocate`` mode, its default): ``vllm_gpu_memory_utilization`` of the whole GPU (TRL's default 0.3), for its
+    weights and KV cache, whatever training needs. In ``server`` mode vLLM runs on other GPUs: 0 here."""
+    if not train.get("use_vllm") or train.get("vllm_mode", "colocate") != "colocate":
+        return 0.0
+    return float(train.get("vllm_gpu_memory_utilization", 0.3))
 
 
 # --- parameters ---------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from ..recipe import Recipe
 from ..units import human
-from .memory import CPU_RUNTIME, FITS_BELOW, Estimate, Param, estimate, parameters, setup_for
+from .memory import CPU_RUNTIME, FITS_BELOW, Estimate, Param, Setup, estimate, parameters, setup_for
 from .shape import PlanError, Shape, read_shape
 from .suggest import Suggestion, set_args, suggestions, yaml_value
 from .vision import PARTS, image_load
@@ -42,8 +42,14 @@ class Plan:
     suggestions: list[Suggestion]
 
     @property
+    def vllm_bytes(self) -> float | None:
+        """What vLLM holds on each GPU beside training (``Setup.vllm_share`` of its memory); None without a GPU's
+        size to take the share of."""
+        return None if self.budget is None else self.estimate.setup.vllm_share * self.budget
+
+    @property
     def fits(self) -> bool | None:
-        return None if self.budget is None else self.estimate.total <= FITS_BELOW * self.budget
+        return None if self.budget is None else self.estimate.total <= room(self.budget, self.estimate.setup)
 
     @property
     def process_peak(self) -> float | None:
@@ -73,6 +79,7 @@ class Plan:
             "peak_bytes": round(e.total), "peak_phase": e.phase,
             "process_peak_bytes": None if self.process_peak is None else round(self.process_peak),
             "gpu_memory_bytes": None if self.budget is None else round(self.budget), "fits": self.fits,
+            "vllm_bytes": None if self.vllm_bytes is None else round(self.vllm_bytes),
             "suggestions": [{"changes": x.changes, "set": set_args(x.changes), "peak_bytes": round(x.estimate.total)}
                             for x in self.suggestions],
         }
@@ -139,10 +146,14 @@ class Plan:
             lines.append(f"On a CPU the process also holds Python, torch and the libraries ({human(CPU_RUNTIME)}): "
                          f"summary.json's peak_memory_gb, the process's peak, should read about "
                          f"{self.process_peak / 2**30:.2f} GiB.")
+        if s.vllm_share:
+            held = f" ({human(self.vllm_bytes)})" if self.vllm_bytes is not None else ""
+            lines.append(f"vLLM (train.use_vllm, colocate mode) holds train.vllm_gpu_memory_utilization "
+                         f"{s.vllm_share:g} of each GPU's memory{held} beside this, for its weights and KV cache.")
         if self.budget is None:
             lines.append("\nNo GPU here to compare with: pass --gpu-memory (e.g. 80GiB) to check that it fits.")
             return "\n".join(lines)
-        share = e.total / self.budget
+        share = (e.total + (self.vllm_bytes or 0.0)) / self.budget
         verdict = ("fits" if self.fits else "too tight (over 90%: leave room for the CUDA context and fragmentation)"
                    if share <= 1 else "does not fit")
         lines.append(f"\n{human(self.budget)} {'per GPU' if s.device == 'cuda' else 'of memory'}: {verdict}, "
@@ -191,5 +202,12 @@ def plan(recipe: Recipe, source: str, gpu_memory: str | None = None, gpus: int =
     images = image_load(recipe, shape.vision) if shape.vision is not None else None
     setup = setup_for(recipe, shape, device, gpus, images)
     result = estimate(shape, setup)
-    fits = budget is None or result.total <= FITS_BELOW * budget
-    return Plan(source, shape, result, budget, [] if fits else suggestions(shape, setup, budget))
+    fits = budget is None or result.total <= room(budget, setup)
+    return Plan(source, shape, result, budget,
+                [] if fits else suggestions(shape, setup, room(budget, setup) / FITS_BELOW))
+
+
+def room(budget: float, setup: Setup) -> float:
+    """What training may use of a GPU's ``budget``: ``FITS_BELOW`` of it (the rest for the CUDA context and
+    fragmentation), less what vLLM holds there in colocate mode."""
+    return FITS_BELOW * budget - setup.vllm_share * budget
