@@ -376,3 +376,21 @@ def test_a_weighted_mixture_of_preference_pairs_goes_to_trl_in_its_proportions(w
     assert prepared.stats["train_rows"] == len(prepared.train) == sum(c["rows"] for c in counts.values())
     assert not [c for c in prepared.train.column_names if c.startswith("__ft")]
     assert any(m.startswith("data: mixture (all exhausted)") for m in messages)
+
+
+@pytest.mark.slow
+def test_a_runs_saved_recipe_preprocesses_to_the_same_prepared_dataset(workdir, write_recipe):
+    """The recipe.yaml a run leaves (every default written out) is a recipe of its own: `ft preprocess` on it finds
+    the dataset the run prepared (same fingerprint, so it is reused, not tokenized again) and `--show` renders the
+    same rows as from the recipe the user wrote."""
+    path = _recipe(workdir, write_recipe)
+    trained = run_ft("train", str(path), "--set", "train.max_steps=1")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    saved = workdir / "out" / "recipe.yaml"
+    again = run_ft("preprocess", str(saved))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "reusing the prepared dataset" in again.stderr
+    assert json.loads(again.stdout)["train_rows"] == 3000
+    shown = [run_ft("preprocess", str(recipe), "--show", "2") for recipe in (path, saved)]
+    assert all(result.returncode == 0 for result in shown)
+    assert shown[0].stdout == shown[1].stdout and "What is" in shown[0].stdout
