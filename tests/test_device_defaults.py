@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import CPU, built_trainer, run_ft, tiny_sft
+from conftest import ASSETS, CPU, ROOT, built_trainer, run_ft, tiny_sft
 from trl import SFTConfig
 
 from ft.machine import hardware
@@ -131,3 +131,48 @@ def test_omp_num_threads_is_the_runs_thread_count(write_recipe, tmp_path):
     result = run_ft("train", str(write_recipe(tiny_sft(out, max_steps=1))), env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["torch_threads"] == 1
+
+
+SAPPHIRE_RAPIDS = Hardware(cuda=False, bf16=True, devices=0, name="cpu")  # a CPU with AMX: bfloat16 is native
+
+
+def test_bfloat16_asked_for_on_a_cpu_that_emulates_it_is_said_with_its_keys(write_recipe, tmp_path):
+    """Measured on this machine's CPU (AVX2, no AVX512-BF16 or AMX): bfloat16 generation 0.33x and reward scoring 0.13x
+    float32's speed (benchmarks/README.md, generation_options). Every key that asks for it is named; a CPU with the
+    units, a GPU and a recipe without bfloat16 get no notice."""
+    recipe = tiny_sft(tmp_path / "out", bf16=True)
+    recipe["model"]["dtype"] = "bfloat16"
+    asked = load_recipe(write_recipe(recipe)).recipe
+    notice = hardware.slow_bf16_notice(asked, CPU)
+    assert notice.startswith("ft: notice: model.dtype, train.bf16 ask for bfloat16, and this CPU has no bfloat16")
+    assert "3-7x slower than float32" in notice and "Remove them" in notice
+    assert hardware.slow_bf16_notice(asked, SAPPHIRE_RAPIDS) is None
+    assert hardware.slow_bf16_notice(asked, AMPERE) is None
+    assert hardware.slow_bf16_notice(_recipe(write_recipe, tmp_path), CPU) is None
+    scored = yaml.safe_load((ROOT / "recipes" / "quickstart-grpo-rm.yaml").read_text())
+    scored["model"]["name"] = str(ASSETS)
+    path = tmp_path / "rm.yaml"
+    path.write_text(yaml.safe_dump(scored))
+    notice = hardware.slow_bf16_notice(load_recipe(path).recipe, CPU)
+    assert notice and notice.startswith("ft: notice: grpo.rewards.0.dtype asks for bfloat16") and "Remove it" in notice
+
+
+@pytest.mark.parametrize(("flags", "native"), [("fpu avx2 avx512f", False), ("avx2 avx512_bf16", True),
+                                                ("amx_bf16 amx_tile", True)])
+def test_the_cpus_bfloat16_units_are_read_from_its_flags(tmp_path, flags, native):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {flags}\n")
+    assert hardware.cpu_has_bf16(cpuinfo) is native
+    assert hardware.cpu_has_bf16(tmp_path / "none") is True  # unreadable (not Linux): no notice rather than a wrong one
+
+
+@pytest.mark.slow
+def test_ft_train_says_it_before_loading_where_the_cpu_emulates_bfloat16(write_recipe, tmp_path):
+    recipe = tiny_sft(tmp_path / "out", max_steps=1, bf16=True)
+    result = run_ft("train", str(write_recipe(recipe)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = "ft: notice: train.bf16 asks for bfloat16, and this CPU has no bfloat16 matrix units" in result.stderr
+    assert said is not hardware.cpu_has_bf16()  # this machine's own flags decide (CI's CPU may have AMX)
+    if said:
+        lines = result.stderr.splitlines()  # at the start, beside the line naming the device, before anything loads
+        assert lines[0].startswith("ft: sft on CPU") and lines[1].startswith("ft: notice: train.bf16"), lines[:3]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..recipe import Problem, Recipe
+from ..recipe.methods import models_of
 from ..recipe.optimizers import PACKAGES, traits
 from ..recipe.processes import uses_deepspeed, uses_fsdp
 from . import trackers
@@ -44,7 +46,37 @@ def probe() -> Hardware:
     if torch.cuda.is_available():
         return Hardware(True, torch.cuda.is_bf16_supported(), torch.cuda.device_count(),
                         torch.cuda.get_device_name(0))
-    return Hardware(False, False, 0, "cpu")
+    return Hardware(False, cpu_has_bf16(), 0, "cpu")
+
+
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (the ``avx512_bf16`` or ``amx_bf16`` flag): without
+    either, oneDNN emulates bfloat16 and it runs 3-7x slower than float32 (generating and scoring measured,
+    benchmarks/README.md, generation_options). Where no x86 flags can be read (not Linux, an ARM CPU), True: no notice
+    rather than a wrong one."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return True
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
+    return flags is None or bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def slow_bf16_notice(recipe: Recipe, hw: Hardware) -> str | None:
+    """On a CPU without bfloat16 units (``Hardware.bf16`` False), the recipe keys that ask for bfloat16 (the weights,
+    autocast, a reward or reference model's ``dtype``), said with what they cost here; None when none does."""
+    if hw.cuda or hw.bf16:
+        return None
+    keys = [key for key, asked in (("model.dtype", recipe.model.dtype == "bfloat16"),
+                                   ("train.bf16", bool(recipe.train_args.get("bf16")))) if asked]
+    keys += [f"{extra.key.rsplit('.', 1)[0]}.dtype" for extra in models_of(recipe) if extra.dtype == "bfloat16"]
+    if not keys:
+        return None
+    return (f"ft: notice: {', '.join(keys)} ask{'s' if len(keys) == 1 else ''} for bfloat16, and this CPU has no "
+            "bfloat16 matrix units (no AVX512-BF16 or AMX flag in /proc/cpuinfo): bfloat16 is emulated here and "
+            "runs 3-7x slower than float32 (training, generation and reward scoring alike). Remove "
+            f"{'it' if len(keys) == 1 else 'them'} to run in float32 on this machine; keep "
+            f"{'it' if len(keys) == 1 else 'them'} for a CPU or GPU that has them.")
 
 
 def busy_cpu_notice(load: float, cores: int, threads: int) -> str | None:

@@ -216,10 +216,14 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
 
 def _threads(run: _Run) -> int:
     """torch's intra-op threads (``OMP_NUM_THREADS`` sets them); on a CPU that other processes keep busy, said with
-    the setting that helps (``hardware.busy_cpu_notice``)."""
+    the setting that helps (``hardware.busy_cpu_notice``); and bfloat16 asked for on a CPU that emulates it
+    (``hardware.slow_bf16_notice``)."""
     import torch
 
     threads = torch.get_num_threads()
+    slow = hardware.slow_bf16_notice(run.recipe, run.hw)
+    if slow:
+        run.say(slow)
     if not run.hw.cuda and hasattr(os, "getloadavg"):
         busy = hardware.busy_cpu_notice(os.getloadavg()[0], os.cpu_count() or 1, threads)
         if busy:
