@@ -138,6 +138,16 @@ class StopsBeforeTraining:
         return False
 
 
+def hold_stops() -> None:
+    """Ignore SIGTERM and SIGINT from here until the process exits: for a rank of several that is failing because
+    another rank is gone, whose report (summary.json, the paragraph naming the lost rank and its step) must not be cut
+    short by the SIGTERM torch's elastic agent sends the remaining ranks once it sees one end (its monitor looks every
+    ``monitor_interval``, 0.5 s; under load that came first, and the rank died of it with nothing said: found by
+    tests/test_launch.py in CI)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def stopped_early(global_step: int, max_steps: int, received: int | None) -> bool:
     """True when training ended early after a stop signal: ``checkpoint-<global_step>`` was then saved at the step end
     it stopped at. A signal in the last moments of a run that still reached ``max_steps`` leaves it completed."""

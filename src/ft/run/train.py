@@ -319,6 +319,8 @@ def _failure_recorded(run: _Run):
     except Exception as exc:
         saving = phases["train"] is not None and phases["save"] is None  # between training and a whole final/
         full = disk.explain(exc, run.output_dir, run.command, final=saving) if run.main else None  # removes the half
+        if ranks.world_size() > 1 and peers.peer_failure(exc):
+            signals.hold_stops()  # the agent's SIGTERM to the ranks left must not cut this rank's report short
         lost = _peers_lost(run, exc)
         if run.main:
             disk.free_reserve(run.output_dir)  # the room summary.json and error.log are written in
