@@ -159,10 +159,9 @@ def _ending() -> None:
     exits (the interpreter's shutdown, atexit handlers: up to a second), where a signal would only turn a completed
     run's 0 into 143 or a KeyboardInterrupt traceback, and a scheduler would take it for a stop to resume (found by
     tests/test_signal_any_moment.py)."""
-    import signal
+    from .run.signals import hold_stops
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
+    hold_stops()
 
 
 def _guarded(step, doing: str | None = None, log_dir: str | None = None):

@@ -139,9 +139,10 @@ class StopsBeforeTraining:
 
 
 def hold_stops() -> None:
-    """Ignore SIGTERM and SIGINT from here until the process exits: for a rank of several that is failing because
-    another rank is gone, whose report (summary.json, the paragraph naming the lost rank and its step) must not be cut
-    short by the SIGTERM torch's elastic agent sends the remaining ranks once it sees one end (its monitor looks every
+    """Ignore SIGTERM and SIGINT from here until the process exits, once what is left only reports how the run ended:
+    ``ft``'s own exit after the run has said so (``cli._ending``), and a rank of several failing because another rank
+    is gone, whose report (summary.json, the paragraph naming the lost rank and its step) must not be cut short by the
+    SIGTERM torch's elastic agent sends the remaining ranks once it sees one end (its monitor looks every
     ``monitor_interval``, 0.5 s; under load that came first, and the rank died of it with nothing said: found by
     tests/test_launch.py in CI)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
