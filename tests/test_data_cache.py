@@ -30,7 +30,8 @@ def _recipe(write_recipe, tmp_path: Path, **data_changes) -> Path:
     recipe = tiny_sft(tmp_path / "out")
     recipe["data"].update({"train": [{"path": str(tmp_path / "train.jsonl"), "format": "chat"}], **data_changes})
     if not (tmp_path / "train.jsonl").exists():
-        shutil.copy(DATA / "train.jsonl", tmp_path / "train.jsonl")
+        rows = (DATA / "train.jsonl").read_text().splitlines(keepends=True)[:300]  # a tenth: the cache is the claim
+        (tmp_path / "train.jsonl").write_text("".join(rows))
     return write_recipe(recipe)
 
 
