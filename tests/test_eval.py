@@ -108,6 +108,7 @@ def test_an_adapter_run_is_scored_on_its_base(lora_run):
 # --- refused before any model loads ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # it trains nothing, but lm-eval indexes its registry (15k task files) to know a name: 13 s
 def test_unknown_names_and_hub_tasks_offline_are_refused_by_name(tmp_path):
     result = run_ft("eval", str(tmp_path / "no-model-needed"), "--tasks", "gsm8k,arithmetic_sum", env=OFFLINE)
     assert result.returncode == 2
