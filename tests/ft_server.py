@@ -3,18 +3,19 @@ PEFT, datasets, bitsandbytes: about 4 of the 5-6 seconds a smoke run takes on 2 
 command, and each child runs ``python -m ft ARGS`` as that command would: ``runpy`` runs ``ft.__main__`` as
 ``__main__`` with ``sys.argv`` set, in the command's folder and environment, with stdin on /dev/null and stdout and
 stderr in files, and it ends as the interpreter ends (``SystemExit``, an uncaught exception's traceback and exit 1,
-atexit handlers). The suite runs some 300 commands; this is what keeps it within CI's time.
+the threads joined, atexit handlers) but for the module teardown (``_exit``). The suite runs some 300 commands; this is
+what keeps it within CI's time.
 
-What differs from a fresh process is only what was decided at import, and that the imports' objects are frozen out of
-the garbage collector's sight (``gc.freeze``: they live as long as the process anyway). The server's environment is the
-one the commands run with (``conftest.run_ft`` sends one whose environment differs, but for ``PYTEST_CURRENT_TEST``, to
-a fresh process instead), and bitsandbytes is imported as ``ft.model.bnb_import`` imports it for a run that uses none
-of its code (a QLoRA run here runs its fallback kernels uncompiled, with the same results). Tests of what a command
-imports run their own interpreter. A fork is safe only from one Python thread (another could hold a lock the child then
-waits on forever): the server checks that it runs no other before each fork and answers ``fresh`` otherwise, and the
-client then starts a fresh process. The native thread pools these imports start (OpenBLAS's through numpy, jemalloc's
-through pyarrow) release their locks around a fork themselves, as every forked ``DataLoader`` worker and
-``datasets.map(num_proc=...)`` relies on.
+What differs from a fresh process is only what was decided at import, that the imports' objects are frozen out of the
+garbage collector's sight (``gc.freeze``: they live as long as the process anyway), and the teardown skipped. The
+server's environment is the one the commands run with (``conftest.run_ft`` sends one whose environment differs, but for
+``PYTEST_CURRENT_TEST``, to a fresh process instead), and bitsandbytes is imported as ``ft.model.bnb_import`` imports it
+for a run that uses none of its code (a QLoRA run here runs its fallback kernels uncompiled, with the same results).
+Tests of what a command imports run their own interpreter. A fork is safe only from one Python thread (another could
+hold a lock the child then waits on forever): the server checks that it runs no other before each fork and answers
+``fresh`` otherwise, and the client then starts a fresh process. The native thread pools these imports start (OpenBLAS's
+through numpy, jemalloc's through pyarrow) release their locks around a fork themselves, as every forked ``DataLoader``
+worker and ``datasets.map(num_proc=...)`` relies on.
 
 Protocol, over the connection on the file descriptor named by argv[1] (``multiprocessing.connection``): the client
 sends ``{"args", "env", "cwd", "stdout", "stderr"}``; the server answers ``{"pid"}`` (or ``{"fresh": why}``) once the
@@ -22,6 +23,7 @@ child has started and ``{"status"}`` (``os.waitstatus_to_exitcode``) once it has
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import runpy
@@ -38,7 +40,8 @@ import quick_lane
 
 def preload() -> None:
     """Import, once, what every ``ft train`` imports before it trains, but for TRL's trainers: they import trackio,
-    which reads ``TRACKIO_DIR`` at import, and ``ft.machine.trackers`` sets it, per run, before they are imported."""
+    which reads ``TRACKIO_DIR`` at import, and ``ft.machine.trackers`` sets it, per run, before they are imported; and
+    build the recipe classes every command builds (cached per process, as in a command that reads two recipes)."""
     import ft.cli  # noqa: F401
     from ft.model.bnb_import import import_bitsandbytes
 
@@ -55,6 +58,11 @@ def preload() -> None:
 
     import ft.plan  # noqa: F401
     import ft.run.train  # noqa: F401
+    from ft.recipe.methods import METHODS
+    from ft.recipe.schema import recipe_model
+
+    for method in METHODS:  # each method's recipe class, built once (pydantic, 0.1 s per command that reads a recipe)
+        recipe_model(method)
 
 
 def child(request: dict, connection: Connection) -> None:
@@ -72,8 +80,44 @@ def child(request: dict, connection: Connection) -> None:
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` puts the current folder first
     sys.argv = ["-m", *request["args"]]
-    runpy.run_module("ft", run_name="__main__", alter_sys=True)
-    raise SystemExit(0)
+    interrupted = False
+    try:
+        runpy.run_module("ft", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as done:
+        code = _status(done)
+    except BaseException as error:  # noqa: BLE001 (the interpreter's own handling of an uncaught exception)
+        sys.excepthook(type(error), error, error.__traceback__)
+        code, interrupted = 1, isinstance(error, KeyboardInterrupt)
+    _exit(code, interrupted)
+
+
+def _status(done: SystemExit) -> int:
+    """The exit status the interpreter gives ``done``: None is 0, an integer itself, anything else printed and 1."""
+    if done.code is None or isinstance(done.code, int):
+        return done.code or 0
+    print(done.code, file=sys.stderr)
+    return 1
+
+
+def _exit(code: int, interrupted: bool) -> None:
+    """End as the interpreter ends, without its last step. ``Py_FinalizeEx`` waits for the threads that are not daemons
+    (``threading._shutdown``, which also stops ``concurrent.futures``' idle workers), runs the atexit handlers
+    (logging's flush, tempfile's and multiprocessing's clean-ups, trackers' last uploads), flushes stdout and
+    stderr, and then tears the modules down. That last step changes nothing a command leaves behind, and prints
+    nothing: what ft writes is closed by then, and ft has moved what is alive when its command returns out of the
+    collector's sight (``ft.cli``: ``gc.freeze``; a frozen object whose ``__del__`` raises printed nothing at a
+    fresh exit). But in a forked child it writes to each page the fork shares with the server (reference counts),
+    and the kernel copies them: 0.5 s of the 0.9 s a forked ``ft validate`` took. An uncaught KeyboardInterrupt ends
+    the process by SIGINT, as the interpreter ends it."""
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
 
 
 def serve(connection: Connection) -> None:

@@ -1,6 +1,7 @@
 """The suite's fork server (``tests/ft_server.py``) runs a command as a fresh ``python -m ft`` runs it: the same
 stdout, stderr and exit status, in the command's folder and environment; a command whose environment the server was
-not started with runs fresh."""
+not started with runs fresh. A forked command ends without the interpreter's module teardown (``ft_server._exit``):
+the comparisons below are of commands ended that way."""
 
 from __future__ import annotations
 
