@@ -81,23 +81,33 @@ def ft_cache(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(autouse=True)
-def _environment_kept():
-    """Each test leaves this process's environment as it found it. Libraries a test runs in this process change it:
-    accelerate sets FSDP_CPU_RAM_EFFICIENT_LOADING, and ``datasets.map(num_proc=...)`` replaces ``os.environ`` with
-    a copy of itself, so ``monkeypatch``'s restore lands in the object that is no longer ``os.environ`` and the test's
-    value stays. A change kept would reach the later tests of this process (FT_CACHE_DATA=0 from one test switched the
-    cache off for the rest of its file) and start its fork server again, with the changed environment (8 s each).
-    Torn down after ``monkeypatch`` (autouse fixtures are set up first), so this is the last word."""
+@contextmanager
+def environment_kept():
+    """This process's environment, as it was on entry, put back on exit: the same ``os.environ`` object, with the same
+    variables. Libraries a test runs in this process change it: accelerate sets FSDP_CPU_RAM_EFFICIENT_LOADING, and
+    ``datasets.map(num_proc=...)`` replaces ``os.environ`` with a copy of itself, so ``monkeypatch``'s restore lands in
+    the object that is no longer ``os.environ`` and the test's value stays."""
     environ = os.environ
     before = dict(environ)
-    yield
-    os.environ = environ  # noqa: B003 (the object datasets replaced, put back: its variables are the real ones)
-    for key in [key for key in environ if key not in before]:
-        del environ[key]
-    for key, value in before.items():
-        if environ.get(key) != value:
-            environ[key] = value
+    try:
+        yield
+    finally:
+        os.environ = environ  # noqa: B003 (the object datasets replaced, put back: its variables are the real ones)
+        for key in [key for key in environ if key not in before]:
+            del environ[key]
+        for key, value in before.items():
+            if environ.get(key) != value:
+                environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """Each test leaves this process's environment as it found it (``environment_kept``). A change kept would reach the
+    later tests of this process (FT_CACHE_DATA=0 from one test switched the cache off for the rest of its file) and
+    start its fork server again, with the changed environment (8 s each). Torn down after ``monkeypatch`` (autouse
+    fixtures are set up first), so this is the last word."""
+    with environment_kept():
+        yield
 
 
 _SERVER: list[ForkServer] = []  # this test process's fork server, started by its first command

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import conftest
+import pytest
 from conftest import ROOT, run_ft, start_ft
 from ft_server import Forked
 
@@ -54,3 +55,21 @@ def test_a_command_with_another_environment_runs_fresh():
     changed = {**server.env, "OMP_NUM_THREADS": "3"}
     assert not server.serves(changed)
     assert server.serves({**server.env, "PYTEST_CURRENT_TEST": "another test"})
+
+
+def test_a_test_leaves_the_environment_as_it_found_it_whatever_its_libraries_did():
+    """``datasets.map(num_proc=2)`` swaps ``os.environ`` for a copy, and a monkeypatched variable then stays after the
+    patch is undone (what kept FT_CACHE_DATA=0 for the rest of a file and restarted the fork server); the suite's
+    ``environment_kept`` puts back the object and every variable."""
+    from datasets import Dataset
+
+    original, value = os.environ, os.environ.get("FT_CACHE_DATA")
+    with conftest.environment_kept():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("FT_CACHE_DATA", "changed")
+            Dataset.from_dict({"x": [1, 2, 3, 4]}).map(lambda row: row, num_proc=2)
+            replaced = os.environ is not original
+        stayed = os.environ.get("FT_CACHE_DATA")
+        os.environ["FT_LEFT_BEHIND"] = "1"
+    assert replaced and stayed == "changed"  # the leak, as it happens without environment_kept
+    assert os.environ is original and os.environ.get("FT_CACHE_DATA") == value and "FT_LEFT_BEHIND" not in os.environ
