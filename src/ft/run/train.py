@@ -186,8 +186,10 @@ def _resolve_hooks(run: _Run) -> Hooks:
 
 def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
     """The checkpoint the run resumes from (``--resume``; with ``--overwrite`` the main process clears the output
-    directory first), checked for drift against the saved recipe; then the run's first line and summary.json's
-    facts."""
+    directory first), checked for drift against the saved recipe; then the run's first line, what this machine
+    makes of the recipe (``_machine_notices``) and summary.json's facts."""
+    import torch
+
     recipe, say, output_dir = run.recipe, run.say, run.output_dir
     with ranks.main_process_first(cpu=not run.hw.cuda):  # with --overwrite the main process clears, others find it so
         resumed = checkpoints.resolve_resume(resume, output_dir, overwrite=overwrite and run.main)
@@ -205,30 +207,26 @@ def _resolve_resume(run: _Run, resume: str, overwrite: bool) -> None:
                 + "; ".join(change.render() for change in harmless))
     processes = f" × {ranks.world_size()} processes" if ranks.world_size() > 1 else ""
     say(f"ft: {recipe.method} on {run.hw.summary}{processes}; output in {output_dir}")
+    threads = torch.get_num_threads()  # intra-op threads (OMP_NUM_THREADS sets them)
+    for notice in _machine_notices(run, threads):
+        say(notice)
     run.facts = {"device": run.hw.summary,
                  "peak_memory_source": "cuda_max_allocated" if run.hw.cuda else "process_max_rss",
                  "resumed_from": run.resume_from, "phase_seconds": run.phases, "versions": versions(),
-                 "torch_threads": _threads(run),
+                 "torch_threads": threads,
                  "failure": None, "unreadable_checkpoints": [item.as_dict() for item in resumed.passed_over]}
     if run.resume_from:
         _carry_over(run)
 
 
-def _threads(run: _Run) -> int:
-    """torch's intra-op threads (``OMP_NUM_THREADS`` sets them); on a CPU that other processes keep busy, said with
-    the setting that helps (``hardware.busy_cpu_notice``); and bfloat16 asked for on a CPU that emulates it
-    (``hardware.slow_bf16_notice``)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    slow = hardware.slow_bf16_notice(run.recipe, run.hw)
-    if slow:
-        run.say(slow)
+def _machine_notices(run: _Run, threads: int) -> list[str]:
+    """What this machine makes of the recipe, said under the run's device line: bfloat16 asked for on a CPU that
+    emulates it (``hardware.slow_bf16_notice``), and a CPU other processes keep busy, with the setting that helps
+    (``hardware.busy_cpu_notice``)."""
+    notices = [hardware.slow_bf16_notice(run.recipe, run.hw)]
     if not run.hw.cuda and hasattr(os, "getloadavg"):
-        busy = hardware.busy_cpu_notice(os.getloadavg()[0], os.cpu_count() or 1, threads)
-        if busy:
-            run.say(busy)
-    return threads
+        notices.append(hardware.busy_cpu_notice(os.getloadavg()[0], os.cpu_count() or 1, threads))
+    return [notice for notice in notices if notice]
 
 
 def _prepare(run: _Run, hooks: Hooks, callbacks) -> None:
