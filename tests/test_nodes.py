@@ -215,6 +215,7 @@ def test_nodes_started_differently_are_refused_on_every_node_before_anything_loa
 COLLECTIVE_TIMEOUT = 60  # launch.collective_timeout of the stopped run: a rank that stops answering is lost after it
 
 
+@pytest.mark.full  # the full check (conftest.FULL_CHECK): five two-node launches and a lost node's timeout
 def test_a_node_preempted_then_a_node_lost_and_the_run_resumes_both_times(two_nodes, write_recipe, tmp_path):
     """SIGTERM to node 1's launcher stops both nodes at one checkpoint (both exit 143) and the same commands resume;
     then node 1 dies (its launcher and ranks SIGKILLed, as when the machine goes): node 0 exits 1 within

@@ -5,14 +5,15 @@ the run must end in 143 (130 for SIGINT) with a complete checkpoint of the step 
 a stop before the first step, or in 0 when it finished first; and the same command then ends with the uninterrupted
 run's weights, bit for bit.
 
-Each method's run is long enough (about 7 s of steps in CI, 14 s in the full check) that most moments fall before its
+Each method's run is long enough (about 7 s of steps in CI, 14 s in the moments check) that most moments fall before its
 last steps: one process waits ``jit_kill_wait`` (3 s) after a signal before it saves, so a signal in the last 3 s lets
 the run finish.
 
 GRPO and RLOO also run on two processes (ft's launcher, gloo), where the launcher takes the signal and passes it on.
-CI runs one seeded SIGTERM moment per method on one process (``FT_SIGNAL_MOMENTS`` unset), drawn from the first half
-of training. The full check spreads N SIGTERM moments (and N/4 SIGINT ones) per method and per process count over the
-uninterrupted run's wall time (one in each N-th of it, where in that slice a seeded generator says):
+CI runs one seeded SIGTERM moment on one process (``FT_SIGNAL_MOMENTS`` unset), drawn from the first half of training,
+for SFT and GRPO; ``FT_FULL_CHECK=1`` (conftest.FULL_CHECK) adds DPO's and RLOO's. The moments check spreads N SIGTERM
+moments (and N/4 SIGINT ones) per method and per process count over the uninterrupted run's wall time (one in each
+N-th of it, where in that slice a seeded generator says):
 
     FT_SIGNAL_MOMENTS=20 python -m pytest -q -p no:randomly tests/test_signal_any_moment.py
 
@@ -96,13 +97,13 @@ def characters(prompts, completions, **kwargs):
 """
 
 
-# the full check's runs are twice as long (about 14 s of steps): a moment in a run's last kill_wait seconds lets it
+# the moments check's runs are twice as long (about 14 s of steps): a moment in a run's last kill_wait seconds lets it
 # finish (exit 0), and more of them then stop the run and resume it
 LENGTH = 2 if MOMENTS > 1 else 1
 
 
 def _train(out: Path, steps: int, **more) -> dict:
-    """About 7 s of steps (2 cores, one thread; ``LENGTH`` times that in the full check), an evaluation and a
+    """About 7 s of steps (2 cores, one thread; ``LENGTH`` times that in the moments check), an evaluation and a
     checkpoint at each third of them."""
     steps *= LENGTH
     return {"output_dir": str(out), "max_steps": steps, "logging_steps": 5, "eval_strategy": "steps",
@@ -158,8 +159,12 @@ def _count(name: str) -> int:
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
-# CI: one SIGTERM moment for each method on one process (the full check adds SIGINT and the two-process runs)
-CASES = [(method, name, index) for method in METHODS for name in SIGNALS for index in range(_count(name))
+# CI: one SIGTERM moment for SFT (an evaluation, dropout) and GRPO (generation) on one process; FT_FULL_CHECK=1 adds
+# DPO's and RLOO's (conftest.FULL_CHECK); FT_SIGNAL_MOMENTS adds SIGINT and the two-process runs
+CI_METHODS = ("sft-lora-dropout", "grpo-4-steps-per-generation")
+CASES = [pytest.param(method, name, index, id=f"{method}-{name}-{index}",
+                      marks=() if MOMENTS > 1 or method in CI_METHODS else pytest.mark.full)
+         for method in METHODS for name in SIGNALS for index in range(_count(name))
          if MOMENTS > 1 or (name == "SIGTERM" and "two-processes" not in method)]
 
 
@@ -180,7 +185,7 @@ def _recipe(folder: Path, method: str, out: Path, timeline: Path, begun: Path | 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Each method's uninterrupted run, trained once for the module: its output directory, and where in time a stopped
-    run's moments are drawn from. The full check (``FT_SIGNAL_MOMENTS`` > 1) trains it again, its data then read from
+    run's moments are drawn from. The moments check (``FT_SIGNAL_MOMENTS`` > 1) trains it again, its data then read from
     the cache the first run filled as the stopped runs read it, and draws from the whole of that run's wall time; it
     must end with the same weights (the runs are deterministic, so a difference after a stop is the stop's). CI's
     single moment is drawn from the first half of the first run's training time, counted from the stopped run's own
@@ -236,7 +241,7 @@ def landed_in(events: list[tuple[str, int, float]], at: float, generation_every:
 
 
 def _moment(method: str, name: str, index: int, window: tuple[float, float]) -> float:
-    """Seconds after the start: in the full check, in the index-th of the case's equal slices of the window, where a
+    """Seconds after the start: in the moments check, in the index-th of the case's equal slices of the window, where a
     generator seeded by the case's name says; in CI, in the first half of the window."""
     count = _count(name)
     fraction = random.Random(f"{method}/{name}/{index}/{count}").random()
@@ -245,7 +250,7 @@ def _moment(method: str, name: str, index: int, window: tuple[float, float]) -> 
     return start + (end - start) * share
 
 
-@pytest.mark.parametrize(("method", "name", "index"), CASES, ids=[f"{m}-{n}-{i}" for m, n, i in CASES])
+@pytest.mark.parametrize(("method", "name", "index"), CASES)
 def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_for_bit(uninterrupted, tmp_path, method,
                                                                                       name, index, record_property):
     reference, window = uninterrupted(method)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_ft, train_shortened
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full]  # the full check (conftest.FULL_CHECK): minutes of training
 RECIPE = ROOT / "recipes" / "smollm2-tools.yaml"
 DATA = ROOT / "data" / "tool-calls"
 HELD_OUT = 24  # held-out rows the trained model is scored on (the shipped recipe scores 200)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_ft
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full]  # the full check (conftest.FULL_CHECK): minutes of training
 HELD_OUT = 30  # held-out pictures scored before and after (the shipped recipe scores all 120)
 RECIPE = ROOT / "recipes" / "vlm-colours.yaml"
 DATA = ROOT / "data" / "colours"
