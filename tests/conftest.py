@@ -41,10 +41,11 @@ TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lo
 
 # the files that take longest (measured, 2 cores), run first: pytest-xdist hands the test processes whole files in the
 # order collected, and a long file handed out last keeps one process busy while the other waits
-LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_model.py", "test_multiprocess.py",
-                 "test_nodes.py", "test_loss_types.py", "test_exact_match.py", "test_hub_push.py", "test_plan.py",
-                 "test_launch.py", "test_eval.py", "test_gguf.py", "test_real_template.py", "test_exact_resume.py",
-                 "test_smoke.py", "test_checkpoints.py")
+LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_model.py",  # the full check's
+                 "test_loss_types.py", "test_hub_push.py", "test_multiprocess.py", "test_nodes.py", "test_gguf.py",
+                 "test_launch.py", "test_real_template.py", "test_eval.py", "test_disk_full.py", "test_smoke.py",
+                 "test_gguf_cache.py", "test_exact_resume.py", "test_distributed_config.py", "test_streaming.py",
+                 "test_signal_any_moment.py", "test_checkpoints.py")
 
 
 def pytest_configure(config):
@@ -58,10 +59,17 @@ def _quick_lane_trains_nothing() -> None:
 
 
 # the full check (README): ``FT_FULL_CHECK=1 python -m pytest -q`` also runs the tests marked ``full``, which CI skips
-# to stay within its 20 minutes on 2 cores. Each repeats at full scale a claim a CI test proves in small: the real
-# model learning tool calls and colours from pictures (CI: the tiny models' tool-call and vision training, the real
-# model's arithmetic, the shipped recipes' smoke runs on real weights), a node lost after a preemption (CI: two nodes
-# bit for bit, a rank lost on one node, SIGTERM on two processes)
+# to stay within its 20 minutes on 2 cores. Each repeats at full scale a claim CI proves in small:
+# - the real model learning sums, tool calls and colours from pictures (test_real_model, test_tool_calls_recipe,
+#   test_vlm_colours). CI: the tiny model learning the sums (test_quickstart, test_exact_match), the tiny LLaVA
+#   learning colours (test_vision), SmolLM2's 20 LoRA steps against TRL's and its masks token by token
+#   (test_real_template, test_chatml_tools), every shipped recipe's smoke run on its real weights (test_smoke);
+# - the shipped GRPO quickstart raising its reward (test_exact_match). CI: GRPO moved by a learned reward
+#   (test_learned_reward), the GRPO tests on the tiny model;
+# - a node lost after a preemption (test_nodes). CI: two nodes bit for bit, a rank lost on one node (test_launch),
+#   SIGTERM on two processes (test_multiprocess);
+# - DPO's and RLOO's signal moments (test_signal_any_moment). CI: SFT's and GRPO's;
+# - the vision benchmarks' quick runs (test_benchmarks), which check benchmarks/, not ft.
 FULL_CHECK = os.environ.get("FT_FULL_CHECK") == "1"
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.full]  # the full check (conftest.FULL_CHECK): benchmarks, not ft
 
 
 def _quick(name: str) -> str:

@@ -257,6 +257,7 @@ def test_the_quickstart_model_learns_the_sums(sft_model):
     assert summary["phase_seconds"]["evaluate"] > 0 and "eval_loss" in summary["final_eval"]
 
 
+@pytest.mark.full  # the full check (conftest.FULL_CHECK): 200 GRPO steps
 def test_grpo_from_the_quickstart_model_samples_more_right_answers(sft_model, tmp_path):
     """The quickstart GRPO recipe as shipped, from the SFT model stopped half way: the sampled answers earn the
     numeric-match reward more often over the last 50 steps than over the first 50 (what GRPO optimizes: the reward

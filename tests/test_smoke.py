@@ -44,9 +44,7 @@ def smoked(tmp_path_factory):
     return smoke
 
 
-# smollm2-sft.yaml is trained for real (shortened) by tests/test_real_model.py, a stronger check than its smoke run;
-# smollm2-orpo.yaml keeps the smoke path of a GGUF recipe covered here
-@pytest.mark.parametrize("name", [name for name in RECIPES if name != "smollm2-sft.yaml"])
+@pytest.mark.parametrize("name", RECIPES)
 def test_every_shipped_recipe_passes_its_smoke_test_offline(name, smoked, request):
     if "gguf_file:" in (text := (ROOT / "recipes" / name).read_text()) or "smollm2" in text:
         request.getfixturevalue("smollm2")  # the real model's file, where the recipe (or its reward model) reads from
