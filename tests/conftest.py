@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -14,6 +15,12 @@ from pathlib import Path
 # tiny and gain nothing from more, and the suite runs two test processes on two cores (pytest -n 2), where torch's
 # two threads each measured half the speed of one
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# a suite started where SIGINT is ignored (by a shell without job control: `CMD &` in a script, a CI runner) would pass
+# that on to every process it starts (an ignored signal stays ignored across exec, and Python then installs no Ctrl-C
+# handler), so a test's real SIGINT to `ft` would do nothing (found in a CI-equivalent run: ft export wrote on to the
+# end and exited 0). Each test process takes SIGINT as an interpreter started from a terminal does, and passes that on
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # for the runs whose figures tests compare with measured ones (or bit for bit across batch layouts): the thread count
 # sets the order of float sums, and those figures were measured with torch's default on 2 cores, 2 threads. Their
 # threads wait for each other asleep (OMP_WAIT_POLICY, which changes no sum): spinning, as OpenMP's threads do by
