@@ -109,6 +109,7 @@ def test_every_command_is_a_valid_ft_command_a_gpu_machine_accepts(plan):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the full check (conftest.FULL_CHECK): scripts/gpu-check.sh's step, rehearsed on the CPU
 def test_the_jit_step_stops_a_run_by_sigterm_and_resumes_it(tmp_path, monkeypatch):
     """The JIT step's worker and check on the CPU (the CUDA RNG state is what the GPU adds): the run is held at its
     step until SIGTERM lands, exits 143 with a complete checkpoint and no final/, and the same command resumes from
