@@ -47,12 +47,15 @@ TRAINING_FIXTURES = {"sft_model", "full_run", "lora_run", "random_lora_run", "lo
 
 
 # the files that take longest (measured, 2 cores), run first: pytest-xdist hands the test processes whole files in the
-# order collected, and a long file handed out last keeps one process busy while the other waits
+# order collected, and a long file handed out last keeps one process busy while the other waits. test_loss_types comes
+# first of CI's: it asks for ``sft_model`` first (97 s of training, shared by both processes), so the other files that
+# use it (test_eval, test_learned_reward, test_equivalence below) find it trained instead of waiting on its lock
 LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_model.py",  # the full check's
-                 "test_loss_types.py", "test_hub_push.py", "test_multiprocess.py", "test_nodes.py", "test_gguf.py",
-                 "test_launch.py", "test_real_template.py", "test_eval.py", "test_disk_full.py", "test_smoke.py",
-                 "test_gguf_cache.py", "test_exact_resume.py", "test_distributed_config.py", "test_streaming.py",
-                 "test_signal_any_moment.py", "test_checkpoints.py")
+                 "test_loss_types.py", "test_multiprocess.py", "test_gguf.py", "test_nodes.py", "test_launch.py",
+                 "test_hub_push.py", "test_real_template.py", "test_eval.py", "test_exact_resume.py", "test_smoke.py",
+                 "test_gguf_cache.py", "test_streaming.py", "test_distributed_config.py", "test_signal_any_moment.py",
+                 "test_learned_reward.py", "test_disk_full.py", "test_run_lock.py", "test_equivalence.py",
+                 "test_checkpoints.py", "test_bnb_import.py", "test_plan.py")
 
 
 def pytest_configure(config):
