@@ -26,17 +26,26 @@ def _python(code: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# the trainer stack with a LoRA adapter on the tiny model: PEFT imports bitsandbytes at its own import before 0.22, and
+# from 0.22 as it wraps the layers
+LORA_RUN = ("import transformers.trainer\n"
+            "from transformers import AutoConfig, AutoModelForCausalLM\n"
+            "from peft import LoraConfig, get_peft_model\n"
+            "config = AutoConfig.from_pretrained('assets/tiny-llama')\n"
+            "get_peft_model(AutoModelForCausalLM.from_config(config), LoraConfig(r=4, target_modules=['q_proj']))\n")
+
+
 def test_the_trainer_stack_imports_torchs_compiler_through_bitsandbytes_unless_ft_imports_it_first():
-    # the control: what transformers' Trainer costs as it is (PEFT imports bitsandbytes, which wraps kernels in
-    # torch.compile); if a bitsandbytes release stops doing that, this fails and ft.bnb_import can go
-    plain = _python(f"import sys, json\nimport transformers.trainer\nprint(json.dumps({{'compiler': {COMPILER!r} in "
-                    "sys.modules}))")
+    # the control: what a LoRA run costs as it is (PEFT imports bitsandbytes, which wraps kernels in torch.compile); if
+    # a bitsandbytes or PEFT release stops doing that, this fails and ft.bnb_import can go
+    plain = _python(f"import sys, json\n{LORA_RUN}print(json.dumps({{'compiler': {COMPILER!r} in sys.modules}}))")
     assert plain["compiler"]
     ours = _python(
         "import os, sys, json\n"
         "from ft.model.bnb_import import import_bitsandbytes\n"
         "first = import_bitsandbytes(uses_it=False)\n"
-        "import transformers.trainer, peft, bitsandbytes.functional as F, torch\n"
+        f"{LORA_RUN}"
+        "import bitsandbytes.functional as F, torch\n"
         f"compiler = {COMPILER!r} in sys.modules\n"
         "restored = 'TORCHDYNAMO_DISABLE' not in os.environ\n"
         # the uncompiled fallback kernels still compute: an 8-bit blockwise round trip on the CPU

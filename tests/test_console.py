@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import DATA, run_ft, tiny_sft
+from conftest import DATA, ROOT, run_ft, tiny_sft
 
 from ft.run import notices
 from ft.trainers.console import ConsoleCallback, format_log, install, wants_bar
@@ -22,8 +22,9 @@ STEPS, EVAL_STEPS = 4, 2
 TRAIN_LINE = re.compile(r"^step +(\d+)/(\d+)  loss (\S+)  lr (\S+)  grad (\S+)  acc (\S+)  tok/s (\S+)$")
 EVAL_LINE = re.compile(r"^step +(\d+)/(\d+)  eval  loss (\S+)  acc (\S+)$")
 SUMMARY_LINE = re.compile(r"^trained (\d+) steps in ([\d.]+) s, mean loss ([\d.]+)$")
-# peft reads transformers' deprecated property on every LoRA run: a notice ft hides, that a CPU run always raises
-LORA_NOTICE = "`is_gradient_checkpointing` is deprecated"
+# transformers' deprecated property, a notice ft hides: PEFT before 0.22 read it on every LoRA run, TRL reads it each
+# time GRPO generates (ft.run.notices)
+DEPRECATED_PROPERTY = "`is_gradient_checkpointing` is deprecated"
 
 
 def lora_recipe(output_dir: Path, eval_file: Path | None, **train) -> dict:
@@ -101,20 +102,26 @@ def test_no_raw_dicts_nor_noise(run):
         assert "eval_num_tokens" not in text and "eval_runtime" not in text
     assert not stdout.strip()  # ft's messages and lines go to stderr
     assert "kernels" not in stderr  # bitsandbytes' notice (raised where the CPU has AVX512-BF16)
-    assert LORA_NOTICE not in stderr and "Warning" not in stderr, stderr[-3000:]
+    assert DEPRECATED_PROPERTY not in stderr and "Warning" not in stderr, stderr[-3000:]
 
 
-def test_ft_debug_shows_the_notices_again(tmp_path):
-    """FT_DEBUG=1 brings every library notice back (one step of the same LoRA run, which always raises one)."""
+@pytest.mark.parametrize("debug", [None, "1"], ids=["hidden", "FT_DEBUG=1"])
+def test_ft_debug_shows_the_notices_again(tmp_path, debug):
+    """FT_DEBUG=1 brings every library notice back: one GRPO step, whose generation always raises one (TRL reads
+    transformers' deprecated property), hidden without it."""
     import yaml
 
     path = tmp_path / "recipe.yaml"
-    recipe = lora_recipe(tmp_path / "out", None, max_steps=1, logging_steps=1, report_to="none")
+    recipe = {"method": "grpo", "model": {"name": str(ROOT / "assets" / "tiny-llama"), "init": "random"},
+              "data": {"train": [{"path": str(DATA / "prompts.jsonl"), "format": "prompt"}]},
+              "grpo": {"num_generations": 4, "max_completion_length": 4, "rewards": [{"name": "numeric_match"}]},
+              "train": {"output_dir": str(tmp_path / "out"), "max_steps": 1, "per_device_train_batch_size": 4,
+                        "logging_steps": 1, "save_strategy": "no", "report_to": "none"}}
     path.write_text(yaml.safe_dump(recipe))
-    result = run_ft("train", str(path), env={"FT_DEBUG": "1"})
+    result = run_ft("train", str(path), env={"FT_DEBUG": debug})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"FutureWarning: {LORA_NOTICE}" in result.stderr
-    assert re.search(r"^step 1/1  loss ", result.stderr, re.M)  # the console lines are unchanged
+    assert (f"FutureWarning: {DEPRECATED_PROPERTY}" in result.stderr) == (debug == "1"), result.stderr[-3000:]
+    assert re.search(r"^step 1/1  loss ", result.stderr, re.M)  # the console lines are the same either way
     assert re.search(r"^trained 1 step in ", result.stderr, re.M)
 
 

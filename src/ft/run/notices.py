@@ -56,8 +56,9 @@ NOTICES: tuple[Notice, ...] = (
            warning="UserWarning"),
     Notice(r"`is_gradient_checkpointing` is deprecated",
            r"transformers\.modeling_utils",
-           "transformers 5 renamed the property; peft (every LoRA run), TRL's DPO, KTO and GRPO still read the old "
-           "name, which nothing in a recipe can change",
+           "transformers 5 renamed the property; TRL's DPO, KTO, GRPO and RLOO still read the old name (GRPO and "
+           "RLOO each time they generate), as PEFT did on every LoRA run before 0.22, which nothing in a recipe can "
+           "change",
            warning="FutureWarning"),
     Notice(r"You are importing from 'trl\.experimental'",
            r"ft\..*",
