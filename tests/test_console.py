@@ -11,7 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT, run_ft, tiny_sft
+from conftest import DATA, run_ft, tiny_sft
+from test_grpo import tiny_grpo
 
 from ft.run import notices
 from ft.trainers.console import ConsoleCallback, format_log, install, wants_bar
@@ -112,11 +113,8 @@ def test_ft_debug_shows_the_notices_again(tmp_path, debug):
     import yaml
 
     path = tmp_path / "recipe.yaml"
-    recipe = {"method": "grpo", "model": {"name": str(ROOT / "assets" / "tiny-llama"), "init": "random"},
-              "data": {"train": [{"path": str(DATA / "prompts.jsonl"), "format": "prompt"}]},
-              "grpo": {"num_generations": 4, "max_completion_length": 4, "rewards": [{"name": "numeric_match"}]},
-              "train": {"output_dir": str(tmp_path / "out"), "max_steps": 1, "per_device_train_batch_size": 4,
-                        "logging_steps": 1, "save_strategy": "no", "report_to": "none"}}
+    recipe = tiny_grpo(tmp_path / "out", [{"name": "numeric_match"}], grpo={"num_generations": 4,
+                       "max_completion_length": 4}, max_steps=1, per_device_train_batch_size=4)
     path.write_text(yaml.safe_dump(recipe))
     result = run_ft("train", str(path), env={"FT_DEBUG": debug})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -2,8 +2,8 @@
 
 transformers' Trainer imports PEFT whenever PEFT is installed, and PEFT imports bitsandbytes whenever that is
 installed: at its own import before PEFT 0.22, from 0.22 as it wraps a model's layers (every LoRA run). bitsandbytes,
-when imported, wraps four of its device-independent fallback kernels (blockwise and
-4-bit dequantization, the 32-bit optimizer update) in ``torch.compile`` (docs/architecture.md names the release).
+when imported, wraps four of its device-independent fallback kernels (blockwise and 4-bit dequantization, the 32-bit
+optimizer update) in ``torch.compile`` (docs/architecture.md names the release).
 Wrapping compiles nothing yet, but it imports ``torch._inductor``'s compiler, a cost of every ``ft train`` on a GPU or a
 CPU, quantized or not (measured in benchmarks/README.md), which a hand-written training loop does not pay.
 
