@@ -1,4 +1,5 @@
-"""bitsandbytes without its import-time compiler set-up for runs that use none of it (ft.model.bnb_import)."""
+"""How ``ft train`` imports its libraries: bitsandbytes without its import-time compiler set-up for runs that use none
+of it (ft.model.bnb_import), and the rest with collections paused, then frozen (ft.run.stack)."""
 
 from __future__ import annotations
 
@@ -70,15 +71,36 @@ def test_a_user_setting_of_the_switch_is_left_as_it_was():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == "0"
 
 
-def test_ft_train_of_a_run_without_bitsandbytes_never_imports_torchs_compiler(write_recipe, tmp_path):
+def test_ft_train_imports_the_stack_without_torchs_compiler_or_collections_that_walk_it(write_recipe, tmp_path):
+    """A fresh ``ft train`` of a run without bitsandbytes code: bitsandbytes imported without torch's compiler; and the
+    libraries imported with collections paused, then frozen (ft.run.stack): every full collection once transformers
+    is imported finds them frozen (without that, three walked them all during the imports, on this run)."""
     path = write_recipe(tiny_sft(tmp_path / "out", max_steps=1, eval_strategy="no"))
     done = _python(
-        "import sys, json\nfrom ft.cli import main\n"
+        "import gc, sys, json\nfrom ft.cli import main\n"
+        "frozen = []\n"
+        "def seen(phase, info):\n"
+        "    if phase == 'start' and info['generation'] == 2 and 'transformers' in sys.modules:\n"
+        "        frozen.append(gc.get_freeze_count())\n"
+        "gc.callbacks.append(seen)\n"
         f"sys.argv = ['ft', 'train', {str(path)!r}, '--resume', 'never']\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
         f"print(json.dumps({{'code': code, 'compiler': {COMPILER!r} in sys.modules, "
-        "'bitsandbytes': 'bitsandbytes' in sys.modules}))")
-    assert done == {"code": 0, "compiler": False, "bitsandbytes": True}
+        "'bitsandbytes': 'bitsandbytes' in sys.modules, 'frozen': frozen}))")
+    assert {key: done[key] for key in ("code", "compiler", "bitsandbytes")} == {
+        "code": 0, "compiler": False, "bitsandbytes": True}
+    assert all(count > 500_000 for count in done["frozen"]), done["frozen"]
+
+
+def test_the_stack_is_imported_with_the_collector_as_the_caller_left_it():
+    """A caller that paused collections itself (as a fork server does before it freezes) finds them paused and nothing
+    frozen; otherwise they are back on, with what the imports made frozen."""
+    code = ("import gc, json\nfrom ft.run.stack import import_stack\n"
+            "gc.disable()\nimport_stack(('tomllib',))\npaused = (gc.isenabled(), gc.get_freeze_count())\n"
+            "gc.enable()\nimport_stack(('csv',))\n"
+            "print(json.dumps({'paused': paused, 'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}))")
+    done = _python(code)
+    assert done["paused"] == [False, 0] and done["enabled"] and done["frozen"] > 10_000
 
 
 @pytest.mark.parametrize(("changes", "uses"), [

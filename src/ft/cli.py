@@ -139,17 +139,22 @@ def train(
                         "launching the processes", _run_dir(loaded))
         if code is not None:
             raise typer.Exit(code)
+    from .run.stack import TRAINING, import_stack
+
+    def imports() -> None:  # this process trains: see stack.py for what importing this way saves
+        import_stack(TRAINING, loaded.recipe)
+
     if smoke:
         from .smoke import rehearse
 
         if resume != "auto":
             _err("ft: --smoke always starts afresh in its own directory (<output_dir>-smoke); drop --resume.")
             raise typer.Exit(EXIT_INVALID)
-        result = _guarded(lambda: rehearse.train(loaded, say=_err, command=command), "the smoke test",
-                          _run_dir(rehearse.redirected(loaded)))
+        result = _guarded(lambda: rehearse.train(loaded, say=_err, command=command, imports=imports),
+                          "the smoke test", _run_dir(rehearse.redirected(loaded)))
         raise typer.Exit(result.exit_code)
-    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command),
-                      "training", _run_dir(loaded))
+    result = _guarded(lambda: run_train(loaded, resume=resume, say=_err, overwrite=overwrite, command=command,
+                                        imports=imports), "training", _run_dir(loaded))
     _ending()
     raise typer.Exit(result.exit_code)
 

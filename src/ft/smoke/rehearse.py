@@ -114,17 +114,20 @@ def redirected(loaded: LoadedRecipe) -> LoadedRecipe:
     return LoadedRecipe(recipe.model_copy(update={"train": train}), loaded.warnings, loaded.source, loaded.locations)
 
 
-def train(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, command: str | None = None, callbacks=()):
-    """``ft train --smoke``: ``prepare``, then ``run.train`` on the smoke recipe (always a fresh run), then the
-    substitutions added to summary.json. Returns run.train's ``RunResult``. The smoke directory is held throughout
-    (``outputs.lock``, which ``run.train`` takes again): a second smoke test of it is refused before it clears it."""
+def train(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, command: str | None = None, callbacks=(),
+          imports: Callable[[], None] | None = None):
+    """``ft train --smoke``: ``prepare``, then ``run.train`` on the smoke recipe (always a fresh run; ``imports`` as
+    there), then the substitutions added to summary.json. Returns run.train's ``RunResult``. The smoke directory is
+    held throughout (``outputs.lock``, which ``run.train`` takes again): a second smoke test of it is refused before it
+    clears it."""
     from ..outputs import lock
 
     with lock.output_dir(output_dir(loaded.recipe), command="ft train --smoke"):
-        return _rehearse(loaded, say, command, callbacks)
+        return _rehearse(loaded, say, command, callbacks, imports)
 
 
-def _rehearse(loaded: LoadedRecipe, say: Callable[[str], None], command: str | None, callbacks):
+def _rehearse(loaded: LoadedRecipe, say: Callable[[str], None], command: str | None, callbacks,
+              imports: Callable[[], None] | None):
     """``train``, once the smoke directory is held."""
     from ..run.train import train as run_train
 
@@ -135,7 +138,7 @@ def _rehearse(loaded: LoadedRecipe, say: Callable[[str], None], command: str | N
         f"({smoke.real_output_dir} is not touched). Substituted:\n"
         + "\n".join(f"  - {s.render()}" for s in smoke.substitutions))
     try:
-        result = run_train(smoke.loaded, resume="never", say=say, callbacks=callbacks,
+        result = run_train(smoke.loaded, resume="never", say=say, callbacks=callbacks, imports=imports,
                            command=command or f"ft train {loaded.source} --smoke")
     except DataError as exc:
         raise DataError(smoke.unmap(str(exc))) from None
