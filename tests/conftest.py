@@ -189,14 +189,17 @@ def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
     return subprocess.run(command, cwd=cwd or ROOT, env=env, text=True, capture_output=True, timeout=timeout)
 
 
-def start_ft(*args: str, env: dict[str, str | None] | None = None) -> subprocess.Popen | Forked:
+def start_ft(*args: str, env: dict[str, str | None] | None = None,
+             terminal: int | None = None) -> subprocess.Popen | Forked:
     """Start the real ``ft`` command, run in the repository as ``run_ft`` runs it, and return at once: a process to
-    signal, poll and ``communicate`` with (stdout and stderr captured as text)."""
+    signal, poll and ``communicate`` with (stdout and stderr captured as text; stdout not captured but written to the
+    file descriptor ``terminal`` where one is given: a pseudo-terminal's)."""
     server, env = _server_and_env(env)
     command = [sys.executable, "-m", "ft", *args]
-    if server and (started := server.start(command, env, ROOT)) is not None:
+    if server and (started := server.start(command, env, ROOT, terminal)) is not None:
         return started
-    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE if terminal is None else terminal)
 
 
 def built_trainer(recipe_path: Path, hw: Hardware = CPU):

@@ -18,7 +18,8 @@ through numpy, jemalloc's through pyarrow) release their locks around a fork the
 worker and ``datasets.map(num_proc=...)`` relies on.
 
 Protocol, over the connection on the file descriptor named by argv[1] (``multiprocessing.connection``): the client
-sends ``{"args", "env", "cwd", "stdout", "stderr"}``; the server answers ``{"pid"}`` (or ``{"fresh": why}``) once the
+sends ``{"args", "env", "cwd", "stdout", "stderr"}`` (``stdout`` None: a terminal's descriptor follows, passed with
+``multiprocessing.reduction.send_handle``); the server answers ``{"pid"}`` (or ``{"fresh": why}``) once the
 child has started and ``{"status"}`` (``os.waitstatus_to_exitcode``) once it has ended; EOF ends the server."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from multiprocessing import reduction
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
@@ -69,7 +71,7 @@ def child(request: dict, connection: Connection) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        target = request["terminal"] if path is None else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
     os.environ.clear()
@@ -129,6 +131,8 @@ def serve(connection: Connection) -> None:
     while True:
         try:
             request = connection.recv()
+            # a terminal for stdout comes as the descriptor itself (a container's /dev/pts may not be opened by name)
+            request["terminal"] = reduction.recv_handle(connection) if request["stdout"] is None else None
         except EOFError:
             return
         if threading.active_count() != 1:
@@ -139,14 +143,22 @@ def serve(connection: Connection) -> None:
         pid = os.fork()
         if pid == 0:
             child(request, connection)
+        if request["terminal"] is not None:
+            os.close(request["terminal"])
         connection.send({"pid": pid})
         _, status = os.waitpid(pid, 0)
         connection.send({"status": os.waitstatus_to_exitcode(status)})
 
 
+# variables nothing reads as it is imported, only as a command runs (the child is given them): pytest's own, which
+# changes with every test; NO_COLOR (ft.data.show, rich's Console as it is made); FT_DEBUG (ft.cli and ft.run.notices,
+# as the command starts)
+READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "NO_COLOR", "FT_DEBUG")
+
+
 def _imported(env: dict[str, str]) -> dict[str, str]:
-    """What of ``env`` the server's imports could have read: all of it, but for ``PYTEST_CURRENT_TEST``."""
-    return {key: value for key, value in env.items() if key != "PYTEST_CURRENT_TEST"}
+    """What of ``env`` the server's imports could have read: all of it, but for ``READ_AS_IT_RUNS``."""
+    return {key: value for key, value in env.items() if key not in READ_AS_IT_RUNS}
 
 
 class ForkServer:
@@ -162,20 +174,23 @@ class ForkServer:
         self.broken = False
 
     def serves(self, env: dict[str, str]) -> bool:
-        """Whether a command with environment ``env`` runs here: ``env`` is the server's, but for the variable pytest
-        changes with every test (which the child is given)."""
+        """Whether a command with environment ``env`` runs here: ``env`` is the server's, but for the variables read
+        only as a command runs (``READ_AS_IT_RUNS``, which the child is given)."""
         return _imported(env) == _imported(self.env)
 
-    def start(self, command: list[str], env: dict[str, str], cwd: Path) -> Forked | None:
+    def start(self, command: list[str], env: dict[str, str], cwd: Path, terminal: int | None = None) -> Forked | None:
         """``command`` (``python -m ft ARGS``) started as ``subprocess.Popen`` starts it, its stdout and stderr
-        captured; None when this server cannot (busy with another thread's command, another Python thread, or gone)."""
+        captured, or its stdout the file descriptor ``terminal`` (a pseudo-terminal's); None when this server cannot
+        (busy with another thread's command, another Python thread, or gone)."""
         if self.broken or not self.lock.acquire(blocking=False):
             return None
         folder = tempfile.TemporaryDirectory()
         out, err = Path(folder.name) / "stdout", Path(folder.name) / "stderr"
         try:
-            self.connection.send({"args": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
-                                  "stderr": str(err)})
+            self.connection.send({"args": command[3:], "env": env, "cwd": str(cwd),
+                                  "stdout": None if terminal is not None else str(out), "stderr": str(err)})
+            if terminal is not None:
+                reduction.send_handle(self.connection, terminal, self.process.pid)
             reply = self.connection.recv()
         except (EOFError, OSError):
             self.broken = True
@@ -233,12 +248,13 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        """Its stdout and stderr once it has ended, read as text mode reads a pipe (the locale's encoding, universal
-        newlines)."""
+        """Its stdout (empty where a terminal was its stdout) and stderr once it has ended, read as text mode reads a
+        pipe (the locale's encoding, universal newlines)."""
         self.wait(timeout)
         folder = Path(self.folder.name)
         try:
-            return (folder / "stdout").read_text(), (folder / "stderr").read_text()
+            out = folder / "stdout"
+            return (out.read_text() if out.exists() else ""), (folder / "stderr").read_text()
         finally:
             self.folder.cleanup()
 

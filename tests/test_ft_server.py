@@ -49,12 +49,13 @@ def test_a_started_command_is_forked_and_read_back():
 
 
 def test_a_command_with_another_environment_runs_fresh():
-    """An environment the server's imports did not see (here, what would move torch's threads) cannot be forked."""
+    """An environment the server's imports did not see (here, what would move torch's threads) cannot be forked; the
+    variables only read as a command runs (ft_server.READ_AS_IT_RUNS) may differ."""
     run_ft("--help")
     server = conftest._SERVER[0]
     changed = {**server.env, "OMP_NUM_THREADS": "3"}
     assert not server.serves(changed)
-    assert server.serves({**server.env, "PYTEST_CURRENT_TEST": "another test"})
+    assert server.serves({**server.env, "PYTEST_CURRENT_TEST": "another test", "NO_COLOR": "1", "FT_DEBUG": "1"})
 
 
 def test_a_test_leaves_the_environment_as_it_found_it_whatever_its_libraries_did():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ASSETS, DATA, ROOT, run_ft, tiny_sft
+from conftest import ASSETS, DATA, ROOT, run_ft, start_ft, tiny_sft
 from transformers import AutoTokenizer
 
 from ft.data.consistency import FIRST, RANDOM, first_mismatch, sample
@@ -379,9 +379,7 @@ def test_show_marks_a_text_rows_completion(write_recipe, tmp_path):
 def _on_a_terminal(*args: str, env: dict[str, str | None]) -> str:
     """stdout of the real ``ft`` run with a terminal (a pseudo-terminal) as its stdout."""
     main, child = pty.openpty()
-    environment = {k: v for k, v in {**os.environ, "TQDM_DISABLE": "1", **env}.items() if v is not None}
-    process = subprocess.Popen([sys.executable, "-m", "ft", *args], cwd=ROOT, stdout=child,
-                               stderr=subprocess.DEVNULL, env=environment)
+    process = start_ft(*args, env=env, terminal=child)
     os.close(child)
     out = b""
     while True:
@@ -393,7 +391,8 @@ def _on_a_terminal(*args: str, env: dict[str, str | None]) -> str:
             break
         out += chunk
     os.close(main)
-    assert process.wait(timeout=300) == 0
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-2000:]
     return out.decode()
 
 
