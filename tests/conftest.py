@@ -153,17 +153,21 @@ def _environment_kept():
 
 
 _SERVER: list[ForkServer] = []  # this test process's fork server, started by its first command
+_SHARED: list[ForkServer] = []  # one started with an environment several commands share (``run_ft``'s ``shared``)
 
 
 @atexit.register
 def _close_server() -> None:
-    if _SERVER:
-        _SERVER.pop().close()
+    for servers in (_SERVER, _SHARED):
+        if servers:
+            servers.pop().close()
 
 
-def _server_and_env(changes: dict[str, str | None] | None) -> tuple[ForkServer | None, dict[str, str]]:
+def _server_and_env(changes: dict[str, str | None] | None,
+                    shared: bool = False) -> tuple[ForkServer | None, dict[str, str]]:
     """The environment of an ``ft`` command (this process's, with ``changes``: a value sets a variable, None removes
-    it), and this process's fork server if the command can run there (its environment is the server's)."""
+    it), and this process's fork server if the command can run there (its environment is the server's); with
+    ``shared``, the server started for that environment otherwise."""
     plain = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
     env = {key: value for key, value in {**plain, **(changes or {})}.items() if value is not None}
     if _SERVER and not _SERVER[0].serves(plain) and not _SERVER[0].lock.locked():
@@ -172,17 +176,25 @@ def _server_and_env(changes: dict[str, str | None] | None) -> tuple[ForkServer |
         _SERVER.pop().close()
     if not _SERVER:
         _SERVER.append(ForkServer(plain))
-    return (_SERVER[0] if _SERVER[0].serves(env) else None), env
+    if _SERVER[0].serves(env) or not shared:
+        return (_SERVER[0] if _SERVER[0].serves(env) else None), env
+    if _SHARED and not _SHARED[0].serves(env) and not _SHARED[0].lock.locked():
+        _SHARED.pop().close()  # another shared environment now: one such server at a time
+    if not _SHARED:
+        _SHARED.append(ForkServer(env))
+    return (_SHARED[0] if _SHARED[0].serves(env) else None), env
 
 
-def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600,
-           env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict[str, str | None] | None = None,
+           shared: bool = False) -> subprocess.CompletedProcess:
     """Run the real ``ft`` command in a process of its own (exit codes and stderr are part of the contract). ``env``
     changes this process's environment for it: a value sets a variable, None removes it.
 
     The process is forked from this test process's ``ft_server`` (what ``ft train`` imports, imported once) when the
-    command's environment is the server's, and a fresh ``python -m ft`` otherwise."""
-    server, env = _server_and_env(env)
+    command's environment is the server's, and a fresh ``python -m ft`` otherwise; with ``shared`` (``env`` is one
+    several commands use: a module's tests that share a fake Hub, test_hub_push), from a second server started with
+    it, which the next commands with that environment reuse (10 s of imports once, not in each)."""
+    server, env = _server_and_env(env, shared)
     command = [sys.executable, "-m", "ft", *args]
     if server and (done := server.run(command, env, cwd or ROOT, timeout)) is not None:
         return done

@@ -39,6 +39,23 @@ USER = "someone"  # the account the token belongs to: a repository named without
 
 class FakeHub:
     def __init__(self):
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._empty()
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def reset(self) -> None:
+        """Empty again, with no failure set, at the same address (tests sharing one stand-in: its address is then part
+        of one environment they all run with). A call a ``stall`` held is answered first (503)."""
+        stalled, self._closing = self._closing, threading.Event()
+        stalled.set()
+        with self._lock:
+            self._empty()
+
+    def _empty(self) -> None:
         self.repos: dict[str, dict] = {}
         self.commits: list[dict] = []
         self.uploads: list[tuple[str, str, str]] = []
@@ -50,12 +67,6 @@ class FakeHub:
         self.refuse: dict[str, int] = {}
         self.stall: set[str] = set()
         self.refuse_commits: dict[str, int] = {}  # message prefix -> status
-        self._closing = threading.Event()
-        self._lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def close(self) -> None:
         self._closing.set()

@@ -152,8 +152,8 @@ def serve(connection: Connection) -> None:
 
 # variables nothing reads as it is imported, only as a command runs (the child is given them): pytest's own, which
 # changes with every test; NO_COLOR (ft.data.show, rich's Console as it is made); FT_DEBUG (ft.cli and ft.run.notices,
-# as the command starts)
-READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "NO_COLOR", "FT_DEBUG")
+# as the command starts); FT_HUB_TIMEOUT (ft.outputs.hub_push, at each push)
+READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "NO_COLOR", "FT_DEBUG", "FT_HUB_TIMEOUT")
 
 
 def _imported(env: dict[str, str]) -> dict[str, str]:

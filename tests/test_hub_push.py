@@ -23,6 +23,30 @@ TOKEN = "hf_pushPlanted0123456789abcdef"
 REPO = "someone/tiny-run"
 
 
+@pytest.fixture(scope="module")
+def module_hub(tmp_path_factory):
+    """One stand-in for the module and one HF_HOME, so that every command here runs with one environment and is forked
+    from one server started with it (conftest.run_ft's ``shared``: 10 s of imports once, not in each); each test
+    starts from an empty stand-in (``fake_hub``). HF_HUB_DISABLE_XET for all: see the first test."""
+    from fake_hub import FakeHub
+
+    hub = FakeHub()
+    yield hub, hub_env(tmp_path_factory.mktemp("hub"), hub, TOKEN, HF_HUB_DISABLE_XET="1")
+    hub.close()
+
+
+@pytest.fixture
+def fake_hub(module_hub):
+    hub, _ = module_hub
+    hub.reset()
+    return hub
+
+
+@pytest.fixture
+def push_env(module_hub) -> dict:
+    return module_hub[1]
+
+
 def _recipe(tmp_path, strategy: str, **train) -> dict:
     return tiny_sft(tmp_path / "out", push_to_hub=True, hub_model_id=REPO, hub_private_repo=True,
                     hub_revision="experiments", hub_strategy=strategy, hub_always_push=True, save_strategy="steps",
@@ -43,14 +67,14 @@ def _final_commit_holds_the_run(hub, out, revision: str = "experiments") -> dict
     return json.loads(pushed["summary.json"])
 
 
-def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_names(write_recipe, tmp_path, fake_hub):
+def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_names(write_recipe, tmp_path, fake_hub,
+                                                                                  push_env):
     """The weights (.safetensors) are answered "lfs" at preupload, as the Hub answers them: they go up through the LFS
     batch API and a PUT of their bytes, and the commit names them by sha256. HF_HUB_DISABLE_XET: huggingface_hub
     sends such files to Xet storage instead whenever hf_xet is installed, which the stand-in does not serve."""
     out = tmp_path / "out"
     fake_hub.lfs_suffixes = (".safetensors",)
-    env = hub_env(tmp_path, fake_hub, TOKEN, HF_HUB_DISABLE_XET="1")
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=env)
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=push_env, shared=True)
     assert result.returncode == 0, result.stderr[-3000:]
 
     assert list(fake_hub.repos) == [REPO] and fake_hub.repos[REPO]["private"] is True
@@ -80,7 +104,7 @@ def test_a_run_pushes_final_and_summary_once_each_to_the_repo_and_branch_it_name
 
 
 @pytest.mark.parametrize("strategy", ["every_save", "checkpoint"])
-def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_path, fake_hub, strategy):
+def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_path, fake_hub, push_env, strategy):
     """transformers' documented behaviour: every_save pushes the model at each save; checkpoint also the checkpoint
     as last-checkpoint/ (to resume from); ft's final push comes last, after those have finished.
 
@@ -90,8 +114,7 @@ def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_p
     (``hub_push.one_push_at_a_time``; without it the step-2 push went up with torn bytes in 2 of 3 runs)."""
     out = tmp_path / "out"
     fake_hub.lfs_suffixes = (".safetensors",)
-    env = hub_env(tmp_path, fake_hub, TOKEN, HF_HUB_DISABLE_XET="1")
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, strategy))), env=env)
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, strategy))), env=push_env, shared=True)
     assert result.returncode == 0, result.stderr[-3000:]
 
     saves = ["Training in progress, step 2", "Training in progress, step 4"]
@@ -113,12 +136,13 @@ def test_hub_strategy_pushes_at_each_save_then_the_final_run(write_recipe, tmp_p
         assert checkpoint == []
 
 
-def test_a_failed_checkpoint_push_is_named_and_the_final_push_still_goes_up(write_recipe, tmp_path, fake_hub):
+def test_a_failed_checkpoint_push_is_named_and_the_final_push_still_goes_up(write_recipe, tmp_path, fake_hub,
+                                                                           push_env):
     """transformers runs the checkpoint pushes in the background and never reads their outcome: ft waits for the last
     of them before its own push, and says when it failed."""
     out = tmp_path / "out"
     fake_hub.refuse_commits["Training in progress"] = 403
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "every_save"))), env=hub_env(tmp_path, fake_hub, TOKEN))
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "every_save"))), env=push_env, shared=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ft: warning: the last checkpoint push to someone/tiny-run failed" in result.stderr
     assert [commit["message"] for commit in fake_hub.commits] == ["ft: the model after 4 steps, with summary.json"]
@@ -128,14 +152,14 @@ def test_a_failed_checkpoint_push_is_named_and_the_final_push_still_goes_up(writ
 
 @pytest.mark.parametrize("failure", ["401", "500", "silent"])
 def test_a_hub_that_fails_the_final_push_ends_the_run_with_exit_1_and_nothing_lost(write_recipe, tmp_path, fake_hub,
-                                                                                   failure):
+                                                                                   push_env, failure):
     out = tmp_path / "out"
     if failure == "silent":
         fake_hub.stall.add("commit")
     else:
         fake_hub.refuse["commit"] = int(failure)
-    env = hub_env(tmp_path, fake_hub, TOKEN, FT_HUB_TIMEOUT="2")
-    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=env)
+    env = {**push_env, "FT_HUB_TIMEOUT": "2"}
+    result = run_ft("train", str(write_recipe(_recipe(tmp_path, "end"))), env=env, shared=True)
     assert result.returncode == 1, result.stderr[-3000:]
 
     said = result.stderr.strip().splitlines()[-1]
@@ -151,11 +175,11 @@ def test_a_hub_that_fails_the_final_push_ends_the_run_with_exit_1_and_nothing_lo
 
 
 def test_a_token_that_may_not_create_the_repository_stops_the_run_before_anything_loads(write_recipe, tmp_path,
-                                                                                       fake_hub):
+                                                                                       fake_hub, push_env):
     out = tmp_path / "out"
     fake_hub.refuse["create"] = 401
     path = write_recipe(_recipe(tmp_path, "end"))
-    result = run_ft("train", str(path), env=hub_env(tmp_path, fake_hub, TOKEN))
+    result = run_ft("train", str(path), env=push_env, shared=True)
     assert result.returncode == 2, result.stderr[-3000:]
     line = next(line for line in result.stderr.splitlines() if "train.hub_model_id" in line)
     assert f"{path}:" in line and "refused to create or open the repository 'someone/tiny-run'" in line
