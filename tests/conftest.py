@@ -62,16 +62,20 @@ LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_
 def pytest_configure(config):
     if config.option.markexpr.replace(" ", "") == "notslow":  # the quick lane: it trains nothing (tests/quick_lane.py)
         os.environ[quick_lane.ENV] = "1"
-    # collecting imports the training stack (the test modules import ft's, transformers', TRL's): no collections while
-    # it does, and what it made frozen once collected (pytest_collection_finish), as ``ft train`` imports them
-    # (ft.run.stack): else each of the session's full collections walks all of it again (10 s of a test process's CPU
-    # in the quick lane, measured with a gc.callbacks probe)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collecting imports the training stack (the test modules import ft's, transformers', TRL's): no garbage
+    collections while it does, and what it made frozen once collected, as ``ft train`` imports them (ft.run.stack);
+    else each of the session's full collections walks all of it again (10 s of a test process's CPU in the quick lane,
+    measured with a gc.callbacks probe). pytest-xdist's controller collects nothing and passes through."""
     gc.disable()
-
-
-def pytest_collection_finish(session):
-    gc.freeze()
-    gc.enable()
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 @pytest.fixture(scope="session", autouse=True)

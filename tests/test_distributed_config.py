@@ -105,10 +105,7 @@ def test_launch_collective_timeout_is_the_process_groups_timeout(write_recipe, t
 
 
 EVERY_METHOD = """
-import json, sys
-from ft.run.stack import TRAINING, import_stack
-import_stack(TRAINING)  # as ft train imports them: a process of its own
-import torch
+import json, sys, torch
 from ft.recipe import load_recipe
 from ft.run import ranks
 from ft.run.train import train

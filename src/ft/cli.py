@@ -3,6 +3,7 @@ and ``ft validate`` start fast and never import torch."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -141,9 +142,7 @@ def train(
             raise typer.Exit(code)
     from .run.stack import TRAINING, import_stack
 
-    def imports() -> None:  # this process trains: see stack.py for what importing this way saves
-        import_stack(TRAINING, loaded.recipe)
-
+    imports = functools.partial(import_stack, TRAINING)  # this process trains: stack.py says what this way saves
     if smoke:
         from .smoke import rehearse
 

@@ -29,8 +29,6 @@ from ..recipe import Recipe
 
 # what ``ft train`` imports before its first step: transformers' trainer module imports PEFT and accelerate
 TRAINING = ("torch", "transformers.trainer", "datasets", "trl")
-# what loading a trained model or adapter imports (``ft generate``, ``merge``, ``eval``, ``export``)
-INFERENCE = ("torch", "transformers", "peft")
 
 
 def import_stack(modules: tuple[str, ...], recipe: Recipe | None = None) -> None:

@@ -58,11 +58,13 @@ class RunResult:
 
 
 def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None] = print, callbacks=(), *,
-          overwrite: bool = False, command: str | None = None, imports: Callable[[], None] | None = None) -> RunResult:
+          overwrite: bool = False, command: str | None = None,
+          imports: Callable[[Recipe], None] | None = None) -> RunResult:
     """One run. ``callbacks`` are extra ``TrainerCallback`` objects (for programs that drive ft, e.g. benchmarks);
     ``command`` is the command line that resumes the run (the CLI passes the one it was started with); ``imports``
-    imports the libraries once the recipe has passed the machine's checks, where a stop signal ends the run as any
-    other before its first step does (the CLI passes ``ft.run.stack``'s, which only a process of its own may use).
+    imports the libraries the recipe needs once it has passed the machine's checks, where a stop signal ends the run
+    as any other before its first step does (the CLI passes ``ft.run.stack``'s, which only a process of its own may
+    use).
     An unexpected exception once the trainer is built is raised on after summary.json (status ``failed``) and the
     plots so far are written. It ends one of three ways: completed (``_finish``), stopped by a signal
     (``_stopped_by_signal``), or stopped by a streamed source that failed (``_stream_failed``). The output directory is
@@ -80,7 +82,7 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
                 _resolve_resume(run, resume, overwrite)
                 if imports is not None:  # after the checks, which refuse a recipe with torch alone imported
                     run.phase = "importing the libraries"
-                    imports()
+                    imports(run.recipe)
                 run.phase = PREPARING
                 _prepare(run, hooks, callbacks)
                 run.phase = "scoring the model before training"

@@ -115,11 +115,11 @@ def redirected(loaded: LoadedRecipe) -> LoadedRecipe:
 
 
 def train(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, command: str | None = None, callbacks=(),
-          imports: Callable[[], None] | None = None):
+          imports: Callable[[Recipe], None] | None = None):
     """``ft train --smoke``: ``prepare``, then ``run.train`` on the smoke recipe (always a fresh run; ``imports`` as
-    there), then the substitutions added to summary.json. Returns run.train's ``RunResult``. The smoke directory is
-    held throughout (``outputs.lock``, which ``run.train`` takes again): a second smoke test of it is refused before it
-    clears it."""
+    there, given the smoke recipe), then the substitutions added to summary.json. Returns run.train's ``RunResult``.
+    The smoke directory is held throughout (``outputs.lock``, which ``run.train`` takes again): a second smoke test of
+    it is refused before it clears it."""
     from ..outputs import lock
 
     with lock.output_dir(output_dir(loaded.recipe), command="ft train --smoke"):
@@ -127,7 +127,7 @@ def train(loaded: LoadedRecipe, say: Callable[[str], None] = print, *, command: 
 
 
 def _rehearse(loaded: LoadedRecipe, say: Callable[[str], None], command: str | None, callbacks,
-              imports: Callable[[], None] | None):
+              imports: Callable[[Recipe], None] | None):
     """``train``, once the smoke directory is held."""
     from ..run.train import train as run_train
 
