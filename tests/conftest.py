@@ -244,6 +244,38 @@ def smollm2() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_by_transformers(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2 as transformers alone de-quantizes it from the GGUF file (``from_pretrained(gguf_file=...)``), kept for
+    the session as a plain checkpoint in ``model/``: the reference test_gguf and test_real_template hold ft's loads to,
+    read once for the session (35-45 s on 2 cores) instead of once in each. transformers' own GGUF model keeps its
+    quantizer attached, which refuses to save it and the Trainer refuses to train; its weights go into a plain model of
+    its config, quantizer left out, tied as it was, and that is saved. What the refusal said is kept in
+    ``refused.txt`` (test_gguf: why ft saves a model of its own load)."""
+    with shared_once(tmp_path_factory, "smollm2-by-transformers") as (folder, done):
+        if not done:
+            import copy
+
+            import torch
+            from transformers import AutoModelForCausalLM
+            from transformers.initialization import no_init_weights
+
+            read = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
+            try:
+                read.save_pretrained(folder / "refused")
+            except ValueError as refused:
+                (folder / "refused.txt").write_text(str(refused))
+            config = copy.deepcopy(read.config)
+            del config.quantization_config
+            with no_init_weights():  # every weight comes from the file just below
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model.tie_weights()
+            model.load_state_dict(read.state_dict())  # strict: every key
+            assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+            model.save_pretrained(folder / "model")
+    return folder
+
+
 def without_module(tmp_path: Path, name: str) -> Path:
     """A folder to put first on PYTHONPATH whose ``name`` fails to import, as if the package were not installed."""
     blocked = tmp_path / "site"

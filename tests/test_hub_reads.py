@@ -46,16 +46,31 @@ class _Hub(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def hub():
+@pytest.fixture(scope="module")
+def module_hub(tmp_path_factory):
+    """One stand-in and one HF_HOME for the module's commands that reach it, so they run with one environment and fork
+    from one server started with it (conftest.run_ft's ``shared``: huggingface_hub reads HF_ENDPOINT and HF_HOME at
+    import); it answers each repository by its name (ROUTES), and each test sees only what it asked (``hub``)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
     server.asked = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server
+    yield server, _env(tmp_path_factory.mktemp("hub"), f"http://127.0.0.1:{server.server_port}")
     server.shutdown()
     server.server_close()
     thread.join()
+
+
+@pytest.fixture
+def hub(module_hub):
+    server, _ = module_hub
+    server.asked.clear()
+    return server
+
+
+@pytest.fixture
+def hub_env(module_hub) -> dict:
+    return module_hub[1]
 
 
 @pytest.fixture
@@ -86,9 +101,8 @@ def _recipe(write_recipe, tmp_path, model: str = str(ASSETS), **data) -> str:
     ("org/gated", "'org/gated' is gated and the token here may not read it: accept its terms at"),
 ])
 def test_a_repository_this_machine_may_not_read_stops_the_run_before_anything_loads(write_recipe, tmp_path, hub,
-                                                                                     repo, said):
-    endpoint = f"http://127.0.0.1:{hub.server_port}"
-    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=_env(tmp_path, endpoint))
+                                                                                     hub_env, repo, said):
+    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=hub_env, shared=True)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "model.name" in result.stderr and said in result.stderr and "Traceback" not in result.stderr
     assert "Retrying" not in result.stderr and not (tmp_path / "out" / "final").exists()
@@ -113,9 +127,9 @@ def test_a_token_that_may_read_a_gated_repository_passes_and_is_sent(write_recip
     assert hub.asked == [("/api/models/org/gated/auth-check", f"Bearer {TOKEN}")]
 
 
-def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub):
+def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub, hub_env):
     path = _recipe(write_recipe, tmp_path, train=[{"path": "org/rows", "format": "chat"}], eval=[])
-    result = run_ft("train", path, env=_env(tmp_path, f"http://127.0.0.1:{hub.server_port}"))
+    result = run_ft("train", path, env=hub_env, shared=True)
     assert result.returncode == 2 and "data.train.0.path" in result.stderr
     assert "the Hub has no dataset 'org/rows'" in result.stderr
     assert hub.asked == [("/api/datasets/org/rows/auth-check", None)]
@@ -146,10 +160,10 @@ def test_the_models_a_method_section_declares_are_read_from_the_hub_under_their_
 
 
 @pytest.mark.parametrize("endpoint", ["closed", "503"])
-def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub, closed_port, endpoint):
-    url = f"http://127.0.0.1:{closed_port if endpoint == 'closed' else hub.server_port}"
+def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub_env, closed_port, endpoint):
+    env = _env(tmp_path, f"http://127.0.0.1:{closed_port}") if endpoint == "closed" else hub_env
     repo = "org/ok" if endpoint == "closed" else "org/broken"
-    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=_env(tmp_path, url))
+    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=env, shared=endpoint != "closed")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "the Hub cannot be reached from here" in result.stderr and "is not in the local cache" in result.stderr
     assert "Retrying" not in result.stderr and "Traceback" not in result.stderr

@@ -172,21 +172,13 @@ def parity_rows(smollm2, tmp_path_factory) -> tuple[Path, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def base_model(smollm2):
-    """The model de-quantized from the same GGUF file by transformers alone. transformers' GGUF model keeps its
-    quantizer attached, which the Trainer refuses to train ("quantized with QuantizationMethod.GGUF ... do not support
-    training"), so its weights are loaded into a plain model of its config, quantizer left out, tied as it was."""
+def base_model(smollm2_by_transformers):
+    """The model de-quantized from the same GGUF file by transformers alone, as a plain model (conftest: transformers'
+    GGUF model keeps its quantizer attached, which the Trainer refuses to train)."""
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
 
-    read = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
-    config = copy.deepcopy(read.config)
-    del config.quantization_config
-    with no_init_weights():  # every weight comes from the file just below
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.tie_weights()
-    model.load_state_dict(read.state_dict())  # strict: every key
+    model = AutoModelForCausalLM.from_pretrained(smollm2_by_transformers / "model", dtype=torch.float32)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     return model
 
