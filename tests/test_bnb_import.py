@@ -3,6 +3,7 @@ of it (ft.model.bnb_import), and the rest with collections paused, then frozen (
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,9 +14,9 @@ from conftest import ROOT, tiny_sft
 from ft.model.bnb_import import uses_bitsandbytes
 from ft.recipe import load_recipe
 
-pytestmark = pytest.mark.slow  # every test here trains, or reads the real model
-
-pytest.importorskip("bitsandbytes")
+pytestmark = [pytest.mark.slow,  # every test here trains, or reads the real model
+              # found, not imported: importing it at collection cost every test process 2 s, in the quick lane too
+              pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")]
 
 COMPILER = "torch._inductor.compile_fx"
 
