@@ -69,7 +69,7 @@ def hub(module_hub):
 
 
 @pytest.fixture
-def hub_env(module_hub) -> dict:
+def reads_env(module_hub) -> dict:
     return module_hub[1]
 
 
@@ -101,8 +101,8 @@ def _recipe(write_recipe, tmp_path, model: str = str(ASSETS), **data) -> str:
     ("org/gated", "'org/gated' is gated and the token here may not read it: accept its terms at"),
 ])
 def test_a_repository_this_machine_may_not_read_stops_the_run_before_anything_loads(write_recipe, tmp_path, hub,
-                                                                                     hub_env, repo, said):
-    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=hub_env, shared=True)
+                                                                                     reads_env, repo, said):
+    result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=reads_env, shared=True)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "model.name" in result.stderr and said in result.stderr and "Traceback" not in result.stderr
     assert "Retrying" not in result.stderr and not (tmp_path / "out" / "final").exists()
@@ -127,9 +127,9 @@ def test_a_token_that_may_read_a_gated_repository_passes_and_is_sent(write_recip
     assert hub.asked == [("/api/models/org/gated/auth-check", f"Bearer {TOKEN}")]
 
 
-def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub, hub_env):
+def test_a_hub_dataset_is_checked_under_its_data_key(write_recipe, tmp_path, hub, reads_env):
     path = _recipe(write_recipe, tmp_path, train=[{"path": "org/rows", "format": "chat"}], eval=[])
-    result = run_ft("train", path, env=hub_env, shared=True)
+    result = run_ft("train", path, env=reads_env, shared=True)
     assert result.returncode == 2 and "data.train.0.path" in result.stderr
     assert "the Hub has no dataset 'org/rows'" in result.stderr
     assert hub.asked == [("/api/datasets/org/rows/auth-check", None)]
@@ -160,8 +160,8 @@ def test_the_models_a_method_section_declares_are_read_from_the_hub_under_their_
 
 
 @pytest.mark.parametrize("endpoint", ["closed", "503"])
-def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, hub_env, closed_port, endpoint):
-    env = _env(tmp_path, f"http://127.0.0.1:{closed_port}") if endpoint == "closed" else hub_env
+def test_an_unreachable_hub_stops_at_once_naming_the_way_out(write_recipe, tmp_path, reads_env, closed_port, endpoint):
+    env = _env(tmp_path, f"http://127.0.0.1:{closed_port}") if endpoint == "closed" else reads_env
     repo = "org/ok" if endpoint == "closed" else "org/broken"
     result = run_ft("train", _recipe(write_recipe, tmp_path, repo), env=env, shared=endpoint != "closed")
     assert result.returncode == 2, result.stderr[-3000:]
