@@ -219,24 +219,25 @@ def _sources(tmp_path, sizes):
 def test_a_weighted_mixture_draws_rows_in_the_weights_proportions_seeded(tmp_path):
     mixed = _sources(tmp_path, [3000, 3000])
     drawn = weighted(mixed, [0.8, 0.2], seed=1, stop="first_exhausted")
-    names = [c[0] for c in drawn["completion"]]
+    completions = drawn["completion"][:]
+    names = [c[0] for c in completions]
     assert names.count("a") == 3000  # the first to run out ends it: a, at 4 rows in 5
     assert 0.78 < names.count("a") / len(names) < 0.82
-    assert all(int(c[1:]) == i for i, c in enumerate(c for c in drawn["completion"] if c[0] == "b"))  # source order
-    assert weighted(mixed, [0.8, 0.2], seed=1, stop="first_exhausted")["completion"] == drawn["completion"]
-    assert weighted(mixed, [0.8, 0.2], seed=2, stop="first_exhausted")["completion"] != drawn["completion"]
+    assert all(int(c[1:]) == i for i, c in enumerate(c for c in completions if c[0] == "b"))  # source order
+    assert weighted(mixed, [0.8, 0.2], seed=1, stop="first_exhausted")["completion"][:] == completions
+    assert weighted(mixed, [0.8, 0.2], seed=2, stop="first_exhausted")["completion"][:] != completions
     assert source_counts(drawn, ["data.train.0", "data.train.1"]) == {
         "data.train.0": {"rows": 3000}, "data.train.1": {"rows": len(names) - 3000}}
 
 
 def test_the_mixtures_stopping_rules(tmp_path):
     mixed = _sources(tmp_path, [100, 10])
-    first = weighted(mixed, [0.5, 0.5], seed=0, stop="first_exhausted")["completion"]
+    first = weighted(mixed, [0.5, 0.5], seed=0, stop="first_exhausted")["completion"][:]
     assert sum(c[0] == "b" for c in first) == 10 and sum(c[0] == "a" for c in first) < 40  # b ran out first
-    every = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted")["completion"]
-    assert set(every) == set(mixed["completion"]) and sum(c[0] == "b" for c in every) > 50  # b repeats
-    once = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted_without_replacement")["completion"]
-    assert sorted(once) == sorted(mixed["completion"])  # every row exactly once
+    every = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted")["completion"][:]
+    assert set(every) == set(mixed["completion"][:]) and sum(c[0] == "b" for c in every) > 50  # b repeats
+    once = weighted(mixed, [0.5, 0.5], seed=0, stop="all_exhausted_without_replacement")["completion"][:]
+    assert sorted(once) == sorted(mixed["completion"][:])  # every row exactly once
 
 
 def test_the_source_of_each_row_and_tokens_per_source_are_counted(tmp_path):

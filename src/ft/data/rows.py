@@ -180,8 +180,8 @@ def refused_rendered(tokenized, dataset, sources: list, split: str, on_bad_row: 
         raise DataError(f"data.{split}: {_rows(len(bad), 'row')} the chat template cannot render whole{first}:\n"
                         f"{listed}\nUse a chat template that writes them (data.chat_template), fix these rows, or set "
                         "`data.on_bad_row: skip` to drop them (counted).")
-    kinds = tokenized.select(bad)[BAD[0]]
-    origins = dataset.select(bad)[SOURCE]
+    kinds = tokenized.select(bad)[BAD[0]][:]  # a list at once (iterating a Column reads row by row)
+    origins = dataset.select(bad)[SOURCE][:]
     for (source, reason), count in Counter(zip(origins, kinds, strict=True)).items():
         report.add(f"data.{split}.{source}", reason, count)
     say(f"data: {split}: skipped {_rows(len(bad))} the chat template cannot render whole ("

@@ -101,14 +101,14 @@ def weighted(dataset: datasets.Dataset, weights: list[float], seed: int, stop: s
     """The rows of ``mix``'s concatenation drawn source by source with probabilities ``weights``, seeded, until
     ``stop`` (datasets' stopping strategies, ``data.mix_stop``). datasets' ``interleave_datasets`` draws the order, on
     a column of row positions per source, so the rows themselves are only selected, never copied or re-tokenized."""
-    sources = np.asarray(dataset.with_format("numpy")[SOURCE])
+    sources = dataset.with_format("arrow")[SOURCE].to_numpy()  # a column at once (a Column object reads row by row)
     positions = [datasets.Dataset.from_dict({"at": np.flatnonzero(sources == i)}) for i in range(len(weights))]
     empty = next((i for i, part in enumerate(positions) if not len(part)), None)
     if empty is not None:
         raise DataError(f"data.train.{empty}: no rows of this source are left (see the counts above), so it cannot "
                         "take its share of the mixture; fix its rows or remove it.")
     drawn = datasets.interleave_datasets(positions, probabilities=weights, seed=seed, stopping_strategy=stop)
-    return dataset.select(drawn.with_format("numpy")["at"])
+    return dataset.select(drawn.with_format("arrow")["at"].to_numpy())
 
 
 def source_counts(dataset: datasets.Dataset, keys: list[str], length_column: str | None = None) -> dict[str, dict]:

@@ -242,8 +242,8 @@ def _group_values(recipe, sources, key: str, field: str) -> list[dict]:
     for i, source in enumerate(sources):
         raw = read_source(source, seed=recipe.data.seed, on_bad_row=recipe.data.on_bad_row, report=BadRows(),
                           key=f"{key}.{i}" if key == "data.eval" else key)
-        column = raw[field] if field in raw.column_names else [None] * len(raw)
-        values.append(dict(zip(raw[ROW], column, strict=True)))
+        column = raw[field][:] if field in raw.column_names else [None] * len(raw)
+        values.append(dict(zip(raw[ROW][:], column, strict=True)))
     return values
 
 

@@ -174,7 +174,7 @@ def _generated_batch(trainer, completion_length: int) -> dict | None:
     dataset, tokenizer = trainer.train_dataset, trainer.processing_class
     count = trainer.args.per_device_train_batch_size
     try:
-        prompts = dataset["prompt"]
+        prompts = dataset["prompt"][:]  # a list at once (a Column reads row by row)
     except (KeyError, TypeError):
         return None
 
