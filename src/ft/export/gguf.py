@@ -53,12 +53,12 @@ def export(source: Path, out: Path, quant: str = "f16", overwrite: bool = False,
     _check_out(out, overwrite, "--gguf")
     if modelfile_path is not None:
         _check_out(modelfile_path, overwrite, "--modelfile")
+    _check_gguf()  # first: it costs nothing, where the checks below import transformers' model tables
     found = locate(source, ARG)
     if scoring_model(found):
         raise ExportError(f"{ARG}: {found.path} is a reward model (a sequence classifier); GGUF files for "
                           "llama.cpp and Ollama hold models that write text. Nothing was written.")
     _check_architecture(found)
-    _check_gguf()
     model, tokenizer = _load(found, say)
     architecture = architecture_of(model.config.model_type, ARG)
     template = modelfile_text(tokenizer, out.name, ARG) if modelfile_path is not None else None
