@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +29,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # default, while the other test process keeps a core busy, the 700 steps of ``sft_model`` took 96 s instead of 51
 MEASURED_THREADS = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
 
+import ft_server  # noqa: E402
 import pytest  # noqa: E402 (after the thread setting above)
 import quick_lane  # noqa: E402
 import yaml  # noqa: E402
@@ -62,6 +64,27 @@ LONGEST_FIRST = ("test_tool_calls_recipe.py", "test_vlm_colours.py", "test_real_
 def pytest_configure(config):
     if config.option.markexpr.replace(" ", "") == "notslow":  # the quick lane: it trains nothing (tests/quick_lane.py)
         os.environ[quick_lane.ENV] = "1"
+    if config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        _start_root()  # pytest-xdist's controller, before it starts the test processes: they inherit the address
+
+
+_ROOT: list[tuple[subprocess.Popen, int, tempfile.TemporaryDirectory]] = []  # the session's fork server root
+
+
+def _start_root() -> None:
+    """The session's fork server root (tests/ft_server.py), which the test processes' first commands join."""
+    folder = tempfile.TemporaryDirectory(prefix="ft-fork-")
+    os.environ[ft_server.ROOT_ADDRESS] = str(Path(folder.name) / "root")
+    process, lifeline = ft_server.start_root(_plain_env())
+    _ROOT.append((process, lifeline, folder))
+
+
+def pytest_unconfigure(config):
+    while _ROOT:
+        process, lifeline, folder = _ROOT.pop()
+        os.close(lifeline)  # the root ends as it reads EOF
+        process.wait(timeout=60)
+        folder.cleanup()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -172,14 +195,14 @@ def _server_and_env(changes: dict[str, str | None] | None,
     """The environment of an ``ft`` command (this process's, with ``changes``: a value sets a variable, None removes
     it), and this process's fork server if the command can run there (its environment is the server's); with
     ``shared``, the server started for that environment otherwise."""
-    plain = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    plain = _plain_env()
     env = {key: value for key, value in {**plain, **(changes or {})}.items() if value is not None}
     if _SERVER and not _SERVER[0].serves(plain) and not _SERVER[0].lock.locked():
         # this process's environment changed (a library a test ran in this process set a variable: accelerate sets
         # FSDP_CPU_RAM_EFFICIENT_LOADING): a new server, with the environment as it is now, once the old one is idle
         _SERVER.pop().close()
     if not _SERVER:
-        _SERVER.append(ForkServer(plain))
+        _SERVER.append(_joined(plain) or ForkServer(plain))
     if _SERVER[0].serves(env) or not shared:
         return (_SERVER[0] if _SERVER[0].serves(env) else None), env
     if _SHARED and not _SHARED[0].serves(env) and not _SHARED[0].lock.locked():
@@ -187,6 +210,22 @@ def _server_and_env(changes: dict[str, str | None] | None,
     if not _SHARED:
         _SHARED.append(ForkServer(env))
     return (_SHARED[0] if _SHARED[0].serves(env) else None), env
+
+
+def _plain_env() -> dict[str, str]:
+    """The environment of an ``ft`` command that changes nothing: this process's, unbuffered, without progress bars."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+
+
+def _joined(env: dict[str, str]) -> ForkServer | None:
+    """A server forked for this process by the session's root (a test process of pytest-xdist's), if it imported
+    with ``env``; else None, and this process starts its own."""
+    address = os.environ.get(ft_server.ROOT_ADDRESS)
+    server = ForkServer.joined(address) if address else None
+    if server is not None and not server.serves(env):
+        server.close()
+        return None
+    return server
 
 
 def run_ft(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict[str, str | None] | None = None,

@@ -17,10 +17,18 @@ hold a lock the child then waits on forever): the server checks that it runs no 
 through numpy, jemalloc's through pyarrow) release their locks around a fork themselves, as every forked ``DataLoader``
 worker and ``datasets.map(num_proc=...)`` relies on.
 
-Protocol, over the connection on the file descriptor named by argv[1] (``multiprocessing.connection``): the client
-sends ``{"args", "env", "cwd", "stdout", "stderr"}`` (``stdout`` None: a terminal's descriptor follows, passed with
-``multiprocessing.reduction.send_handle``); the server answers ``{"pid"}`` (or ``{"fresh": why}``) once the
-child has started and ``{"status"}`` (``os.waitstatus_to_exitcode``) once it has ended; EOF ends the server."""
+Under pytest-xdist the session imports once for all its test processes: the controller starts a root
+(``start_root``), which imports on the first test process's call and then forks one server per test process
+(``ForkServer.joined``), each as if it had imported itself (the same imports, the same environment: the root's is
+the controller's, and a test process's differs only by variables nothing reads at import, ``READ_AS_IT_RUNS``): one
+import for the session, not one per test process. A test process whose environment has changed starts its own.
+
+Protocol, over a connection (``multiprocessing.connection``, a Unix socket: the one on the file descriptor named by
+argv[1], or one the root accepted): the client sends ``{"args", "env", "cwd", "stdout", "stderr"}`` (``stdout``
+None: a terminal's descriptor follows, passed with ``multiprocessing.reduction.send_handle``); the server answers
+``{"pid"}`` (or ``{"fresh": why}``) once the child has started and ``{"status"}`` (``os.waitstatus_to_exitcode``)
+once it has ended; EOF ends the server. A server the root forked first says ``{"pid", "env"}``: its own process and
+the environment it imported with."""
 
 from __future__ import annotations
 
@@ -29,7 +37,9 @@ import gc
 import importlib
 import os
 import runpy
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -120,14 +130,19 @@ def _exit(code: int, interrupted: bool) -> None:
     os._exit(code)
 
 
-def serve(connection: Connection) -> None:
-    gc.disable()  # no collections while importing, as ``ft train`` imports (ft.run.stack): 2 s of CPU less
+def prepare() -> None:
+    """``preload`` with no garbage collections while it imports, as ``ft train`` imports (ft.run.stack: 2 s of CPU
+    less); what the imports made lives as long as the process: out of the garbage collector's sight (its permanent
+    generation), each child's collections walk only what the child makes. A forked tiny `ft train` took 1.15 s with
+    every collection walking the imported modules' objects (accelerate's gc.collect alone 0.23 s), 0.65 s without."""
+    gc.disable()
     preload()
-    # what the imports made lives as long as the process: out of the garbage collector's sight (its permanent
-    # generation), each child's collections walk only what the child makes. A forked tiny `ft train` took 1.15 s with
-    # every collection walking the imported modules' objects (accelerate's gc.collect alone 0.23 s), 0.65 s without
     gc.freeze()
     gc.enable()
+
+
+def serve(connection: Connection) -> None:
+    """Fork a child per request on ``connection`` until it ends (EOF)."""
     while True:
         try:
             request = connection.recv()
@@ -150,10 +165,71 @@ def serve(connection: Connection) -> None:
         connection.send({"status": os.waitstatus_to_exitcode(status)})
 
 
+def root(listener: socket.socket, lifeline: int) -> None:
+    """Serve the session's test processes from one import: on each connection to ``listener`` (a Unix socket, listening
+    before any test process starts), fork a server for that connection; import first (``prepare``), on the first.
+    Ends when ``lifeline`` (a pipe the controller holds open) reads EOF: the session is over. The servers it forked end
+    with their test processes' connections."""
+    env = dict(os.environ)  # what the imports read, as they start to
+    prepared = False
+    while True:
+        ready, _, _ = select.select([listener, lifeline], [], [])
+        if lifeline in ready:
+            break
+        accepted, _ = listener.accept()
+        if not prepared:
+            prepare()
+            prepared = True
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            os.close(lifeline)
+            connection = Connection(accepted.detach())
+            connection.send({"pid": os.getpid(), "env": env})
+            serve(connection)
+            os._exit(0)
+        accepted.close()
+        _reap()
+    _reap()
+
+
+def _reap() -> None:
+    """Collect the exit status of the servers that have ended (their test processes are done)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+ROOT_ADDRESS = "FT_TESTS_FORK_ROOT"  # the root's socket, for the test processes; set in the controller's environment
+
+
+def start_root(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start the session's root with environment ``env`` (``ROOT_ADDRESS`` in it names its socket); returns it and the
+    lifeline to close when the session ends. The socket listens before this returns, so a test process started
+    afterwards finds it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(env[ROOT_ADDRESS])
+    listener.listen(16)
+    lifeline, held = os.pipe()
+    process = subprocess.Popen([sys.executable, __file__, "--root", str(listener.fileno()), str(lifeline)], env=env,
+                               pass_fds=[listener.fileno(), lifeline], stdin=subprocess.DEVNULL)
+    listener.close()
+    os.close(lifeline)
+    return process, held
+
+
 # variables nothing reads as it is imported, only as a command runs (the child is given them): pytest's own, which
-# changes with every test; NO_COLOR (ft.data.show, rich's Console as it is made); FT_DEBUG (ft.cli and ft.run.notices,
-# as the command starts); FT_HUB_TIMEOUT (ft.outputs.hub_push, at each push)
-READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "NO_COLOR", "FT_DEBUG", "FT_HUB_TIMEOUT")
+# changes with every test; pytest-xdist's in its test processes, and the terminal's size they find set there (COLUMNS,
+# LINES: read as output is laid out, by rich's Console as it is made and by click's help); NO_COLOR (ft.data.show, rich's
+# Console as it is made); FT_DEBUG (ft.cli and ft.run.notices, as the command starts); FT_HUB_TIMEOUT
+# (ft.outputs.hub_push, at each push); ft's cache settings (ft.caching, as a command looks for what it keeps), which
+# conftest's session fixture sets in each test process; torch's compiler cache folder (torch._inductor reads it as it
+# compiles, and sets it in the process that first asks for it: a test process that has compiled)
+READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
+                   "COLUMNS", "LINES", "NO_COLOR", "FT_DEBUG", "FT_HUB_TIMEOUT", "FT_CACHE_DIR", "FT_CACHE_DATA",
+                   "FT_CACHE_GGUF_WEIGHTS", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def _imported(env: dict[str, str]) -> dict[str, str]:
@@ -162,16 +238,38 @@ def _imported(env: dict[str, str]) -> dict[str, str]:
 
 
 class ForkServer:
-    """The client: one server per test process, started by its first command, ended with that process."""
+    """The client: one server per test process, started by its first command (or forked for it by the session's root:
+    ``joined``), ended with that process."""
 
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.connection, theirs = Pipe()
         self.process = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], env=env,
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        self.pid = self.process.pid
         theirs.close()
         self.lock = threading.Lock()
         self.broken = False
+
+    @classmethod
+    def joined(cls, address: str) -> ForkServer | None:
+        """A server the session's root (at the socket ``address``) forks for this process; None if there is none."""
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            client.connect(address)
+        except OSError:
+            client.close()
+            return None
+        connection = Connection(client.detach())
+        try:
+            hello = connection.recv()
+        except (EOFError, OSError):
+            connection.close()
+            return None
+        server = cls.__new__(cls)
+        server.env, server.connection, server.process, server.pid = hello["env"], connection, None, hello["pid"]
+        server.lock, server.broken = threading.Lock(), False
+        return server
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` runs here: ``env`` is the server's, but for the variables read
@@ -190,7 +288,7 @@ class ForkServer:
             self.connection.send({"args": command[3:], "env": env, "cwd": str(cwd),
                                   "stdout": None if terminal is not None else str(out), "stderr": str(err)})
             if terminal is not None:
-                reduction.send_handle(self.connection, terminal, self.process.pid)
+                reduction.send_handle(self.connection, terminal, self.pid)
             reply = self.connection.recv()
         except (EOFError, OSError):
             self.broken = True
@@ -217,7 +315,8 @@ class ForkServer:
 
     def close(self) -> None:
         self.connection.close()
-        self.process.wait(timeout=60)
+        if self.process is not None:  # a server the root forked is the root's to collect
+            self.process.wait(timeout=60)
 
 
 class Forked:
@@ -264,4 +363,8 @@ class Forked:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))
+    if sys.argv[1] == "--root":
+        root(socket.socket(fileno=int(sys.argv[2])), int(sys.argv[3]))
+    else:
+        prepare()
+        serve(Connection(int(sys.argv[1])))

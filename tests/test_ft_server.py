@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import conftest
 import pytest
@@ -74,3 +75,15 @@ def test_a_test_leaves_the_environment_as_it_found_it_whatever_its_libraries_did
         os.environ["FT_LEFT_BEHIND"] = "1"
     assert replaced and stayed == "changed"  # the leak, as it happens without environment_kept
     assert os.environ is original and os.environ.get("FT_CACHE_DATA") == value and "FT_LEFT_BEHIND" not in os.environ
+
+
+def test_the_test_processes_servers_are_forked_from_one_import():
+    """Under pytest-xdist each test process's server is forked for it by the session's root, which imported once
+    (``ft_server.root``): the server is not this process's child but the root's."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("one test process (-n 0): it starts its own server")
+    run_ft("--help")
+    server = conftest._SERVER[0]
+    assert server.process is None  # joined, not started here
+    parent = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert "--root" in Path(f"/proc/{parent}/cmdline").read_text().split("\0")
