@@ -4,6 +4,7 @@ its trainer module. Read from the source itself (``ast``), so a new module is ch
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -30,11 +31,17 @@ def _package(module: str, path: Path) -> str:
 MODULES = {_module_name(path): path for path in sorted(SRC.rglob("*.py"))}
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for the tests here (they only read it)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(module: str, path: Path):
     """(line, imported ft module, names imported from it) for every import statement of ``module``, at any depth
     (function-local imports included)."""
     package = _package(module, path)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "ft" or alias.name.startswith("ft."):
@@ -174,7 +181,7 @@ def test_no_module_imports_a_private_name_from_another_package():
                     imported_modules[name] = _package(full, MODULES[full])
                 elif name.startswith("_") and not name.startswith("__") and other != own:
                     found.append(f"{path.relative_to(ROOT)}:{line}: {name} from {target}")
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_")
                     and not node.attr.startswith("__") and node.value.id in imported_modules
                     and imported_modules[node.value.id] != own):
@@ -207,7 +214,7 @@ def test_no_module_keeps_a_list_of_methods_of_its_own():
     for module, path in MODULES.items():
         if module in own:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
