@@ -72,10 +72,17 @@ _ROOT: list[tuple[subprocess.Popen, int, tempfile.TemporaryDirectory]] = []  # t
 
 
 def _start_root() -> None:
-    """The session's fork server root (tests/ft_server.py), which the test processes' first commands join."""
+    """The session's fork server root (tests/ft_server.py), which the test processes' first commands join; none where
+    its socket cannot be made (a temporary folder whose path is longer than a Unix socket's address may be): each test
+    process then starts its own server, as with one test process."""
     folder = tempfile.TemporaryDirectory(prefix="ft-fork-")
     os.environ[ft_server.ROOT_ADDRESS] = str(Path(folder.name) / "root")
-    process, lifeline = ft_server.start_root(_plain_env())
+    try:
+        process, lifeline = ft_server.start_root(_plain_env())
+    except OSError:
+        del os.environ[ft_server.ROOT_ADDRESS]
+        folder.cleanup()
+        return
     _ROOT.append((process, lifeline, folder))
 
 

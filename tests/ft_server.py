@@ -210,8 +210,12 @@ def start_root(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
     lifeline to close when the session ends. The socket listens before this returns, so a test process started
     afterwards finds it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(env[ROOT_ADDRESS])
-    listener.listen(16)
+    try:
+        listener.bind(env[ROOT_ADDRESS])
+        listener.listen(16)
+    except OSError:
+        listener.close()
+        raise
     lifeline, held = os.pipe()
     process = subprocess.Popen([sys.executable, __file__, "--root", str(listener.fileno()), str(lifeline)], env=env,
                                pass_fds=[listener.fileno(), lifeline], stdin=subprocess.DEVNULL)
@@ -221,12 +225,12 @@ def start_root(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
 
 
 # variables nothing reads as it is imported, only as a command runs (the child is given them): pytest's own, which
-# changes with every test; pytest-xdist's in its test processes, and the terminal's size they find set there (COLUMNS,
-# LINES: read as output is laid out, by rich's Console as it is made and by click's help); NO_COLOR (ft.data.show, rich's
-# Console as it is made); FT_DEBUG (ft.cli and ft.run.notices, as the command starts); FT_HUB_TIMEOUT
-# (ft.outputs.hub_push, at each push); ft's cache settings (ft.caching, as a command looks for what it keeps), which
-# conftest's session fixture sets in each test process; torch's compiler cache folder (torch._inductor reads it as it
-# compiles, and sets it in the process that first asks for it: a test process that has compiled)
+# changes with every test; pytest-xdist's in its test processes, and the terminal's size they find set there
+# (COLUMNS, LINES: read as output is laid out, by rich's Console as it is made and by click's help); NO_COLOR
+# (ft.data.show, rich's Console as it is made); FT_DEBUG (ft.cli and ft.run.notices, as the command starts);
+# FT_HUB_TIMEOUT (ft.outputs.hub_push, at each push); ft's cache settings (ft.caching, as a command looks for what it
+# keeps), which conftest's session fixture sets in each test process; torch's compiler cache folder (torch._inductor
+# reads it as it compiles, and sets it in the process that first asks for it: a test process that has compiled)
 READ_AS_IT_RUNS = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
                    "COLUMNS", "LINES", "NO_COLOR", "FT_DEBUG", "FT_HUB_TIMEOUT", "FT_CACHE_DIR", "FT_CACHE_DATA",
                    "FT_CACHE_GGUF_WEIGHTS", "TORCHINDUCTOR_CACHE_DIR")
