@@ -509,7 +509,7 @@ class _Seeing:
                 f"disagree once rendered with the chat template{first}:\n{listed}\nEach image needs one "
                 f"{self.tokens.token!r} where it goes, and the text no other: fix these rows, or set "
                 "`data.on_bad_row: skip` to drop them (counted).")
-        for source, count in zip(*np.unique(dataset.with_format("arrow")[SOURCE].to_numpy()[rows],
+        for source, count in zip(*np.unique(_column(dataset, SOURCE).to_numpy()[rows],
                                             return_counts=True), strict=True):
             self.report.add(f"data.{name}.{int(source)}", "image_count", int(count))
         self.say(f"data: {name}: skipped {len(rows)} rows whose image placeholders and images disagree (image_count)")
