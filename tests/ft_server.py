@@ -245,13 +245,17 @@ class ForkServer:
     """The client: one server per test process, started by its first command (or forked for it by the session's root:
     ``joined``), ended with that process."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], joined: tuple[Connection, int] | None = None):
+        """A server started with ``env``, or, with ``joined`` (its connection and process), one the root forked."""
         self.env = env
-        self.connection, theirs = Pipe()
-        self.process = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], env=env,
-                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        self.pid = self.process.pid
-        theirs.close()
+        if joined is None:
+            self.connection, theirs = Pipe()
+            self.process = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], env=env,
+                                            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+            self.pid = self.process.pid
+            theirs.close()
+        else:
+            (self.connection, self.pid), self.process = joined, None
         self.lock = threading.Lock()
         self.broken = False
 
@@ -270,10 +274,7 @@ class ForkServer:
         except (EOFError, OSError):
             connection.close()
             return None
-        server = cls.__new__(cls)
-        server.env, server.connection, server.process, server.pid = hello["env"], connection, None, hello["pid"]
-        server.lock, server.broken = threading.Lock(), False
-        return server
+        return cls(hello["env"], (connection, hello["pid"]))
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` runs here: ``env`` is the server's, but for the variables read

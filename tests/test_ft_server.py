@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import conftest
@@ -88,3 +89,15 @@ def test_the_test_processes_servers_are_forked_from_one_import():
     assert server.process is None  # joined, not started here
     parent = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
     assert "--root" in Path(f"/proc/{parent}/cmdline").read_text().split("\0")
+
+
+def test_without_a_socket_for_the_root_the_session_starts_none(tmp_path, monkeypatch):
+    """A temporary folder whose path is too long for a Unix socket's address: no root, no address for the test
+    processes (each starts its own server, as with -n 0), and nothing left behind."""
+    long = tmp_path / ("x" * 120)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.delenv(ft_server.ROOT_ADDRESS, raising=False)
+    roots = list(conftest._ROOT)
+    conftest._start_root()
+    assert ft_server.ROOT_ADDRESS not in os.environ and conftest._ROOT == roots and list(long.iterdir()) == []
