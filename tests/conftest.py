@@ -124,8 +124,9 @@ def _quick_lane_trains_nothing() -> None:
 # - a node lost after a preemption (test_nodes). CI: two nodes bit for bit, a rank lost on one node (test_launch),
 #   SIGTERM on two processes (test_multiprocess);
 # - DPO's and RLOO's signal moments (test_signal_any_moment). CI: SFT's and GRPO's;
-# - the vision benchmarks' quick runs (test_benchmarks) and the GPU check's JIT step on the CPU (test_gpu_check),
-#   which check benchmarks/ and scripts/gpu-check.sh, not ft (CI: SIGTERM and resume in test_checkpoints).
+# - the vision and mixture benchmarks' quick runs (test_benchmarks) and the GPU check's JIT step on the CPU
+#   (test_gpu_check), which check benchmarks/ and scripts/gpu-check.sh, not ft (CI: SIGTERM and resume in
+#   test_checkpoints; the mixture's rows in test_data_sources).
 FULL_CHECK = os.environ.get("FT_FULL_CHECK") == "1"
 
 

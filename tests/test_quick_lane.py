@@ -33,12 +33,12 @@ def test_a_command_that_trains_fails_in_the_quick_lane(tmp_path, write_recipe):
 
 @pytest.mark.parametrize("asked", [False, True])
 def test_the_full_checks_tests_are_skipped_unless_it_is_asked_for(asked):
-    """The two tests of test_benchmarks.py are marked ``full``: without FT_FULL_CHECK both are skipped, saying how to
+    """The three tests of test_benchmarks.py are marked ``full``: without FT_FULL_CHECK all are skipped, saying how to
     run them; with it their set-up is planned like any other test's (``--setup-plan`` runs nothing)."""
     env = {**os.environ, "FT_FULL_CHECK": "1" if asked else ""}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--setup-plan",
                            "-rs", "tests/test_benchmarks.py"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
-    skipped = "SKIPPED [2] tests/test_benchmarks.py: in the full check only: FT_FULL_CHECK=1 python -m pytest -q"
-    assert (skipped in done.stdout) is not asked and ("2 skipped" in done.stdout) is not asked, done.stdout[-2000:]
+    skipped = "SKIPPED [3] tests/test_benchmarks.py: in the full check only: FT_FULL_CHECK=1 python -m pytest -q"
+    assert (skipped in done.stdout) is not asked and ("3 skipped" in done.stdout) is not asked, done.stdout[-2000:]
     assert done.returncode == 0 and ("no tests ran" in done.stdout) is asked, done.stdout[-2000:]
