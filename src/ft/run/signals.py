@@ -120,21 +120,35 @@ class StopsBeforeTraining:
     """While open (the machine checks, the data, the model, the baseline scores: nothing to checkpoint yet), SIGTERM
     and SIGINT raise ``StoppedBeforeTraining`` in the main thread where Python next runs, so the run ends with a
     message and a summary instead of the bare exit 143 (or a KeyboardInterrupt traceback) that the default handlers
-    give. The handlers before are put back as it closes."""
+    give. The handlers before are put back as it closes.
+
+    Python can lose that raise: where the handler runs inside a ``__del__`` (a garbage collection during an import:
+    regex's ``SetBase.__del__``, found by the moments check), a weakref callback or library code that catches
+    ``BaseException``, it is printed as "Exception ignored" or swallowed, and the run went on to train as if never
+    signalled. So the signal is also noted (``received``): ``check`` raises for a noted one (the run calls it as each
+    phase begins), and the block raises it as it closes."""
 
     def __enter__(self):
+        self.received: int | None = None
         self._previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._raise)
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
+    def _raise(self, signum, frame):
+        self.received = self.received or signum
         raise StoppedBeforeTraining(signum)
 
-    def __exit__(self, *exc):
+    def check(self) -> None:
+        """Raise ``StoppedBeforeTraining`` for a stop signal noted since the block opened (its raise may be lost)."""
+        if self.received is not None:
+            raise StoppedBeforeTraining(self.received)
+
+    def __exit__(self, exc_type, *exc):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if exc_type is None:
+            self.check()
         return False
 
 

@@ -72,19 +72,24 @@ def train(loaded: LoadedRecipe, resume: str = "auto", say: Callable[[str], None]
     run = _Run(loaded, say, command or f"ft train {loaded.source}")
     with _output_dir_held(run):
         try:
-            with signals.StopsBeforeTraining():
+            # each stops.check() ends the run for a signal whose raise Python lost in the phase before (see the class)
+            with signals.StopsBeforeTraining() as stops:
                 run.phase = "checking the machine"
                 launch.stop_if_the_launcher_was()  # a rank ft started after it took a stop signal
                 _check_machine(run)
                 run.benchmarks = in_run.prepare(run.recipe.benchmarks, run.main)  # tasks checked before any load
+                stops.check()
                 run.phase = "importing the recipe's code"
                 hooks = _resolve_hooks(run)
                 _resolve_resume(run, resume, overwrite)
                 if imports is not None:  # after the checks, which refuse a recipe with torch alone imported
+                    stops.check()
                     run.phase = "importing the libraries"
                     imports(run.recipe)
+                stops.check()
                 run.phase = PREPARING
                 _prepare(run, hooks, callbacks)
+                stops.check()
                 run.phase = "scoring the model before training"
                 _score_before_training(run)
         except signals.StoppedBeforeTraining as stop:
