@@ -134,7 +134,8 @@ def _sampling(method: str, steps: int):
                    "rewards": [{"fn": "characters:characters"}]}
         return {"method": method, "model": {"name": str(ASSETS), "init": "random"}, "data": data,
                 "optimizer": {"lr": 1.0e-3}, method: section,
-                "train": _train(out, steps, per_device_train_batch_size=8)}
+                # a log at each round's end: a stop is taken at one, so a round logged after it is always resumed
+                "train": _train(out, steps, per_device_train_batch_size=8, logging_steps=4)}
     return recipe
 
 
@@ -318,7 +319,8 @@ def test_a_signal_at_any_moment_ends_in_a_checkpoint_the_run_resumes_from_bit_fo
                 state.unlink()  # every process's
         resumed = run_ft("train", str(path))
         assert resumed.returncode == 0, (report, resumed.stderr[-3000:])
-        if generation_every and not summary.get("stopped_in"):
+        last = yaml.safe_load(path.read_text())["train"]["max_steps"]
+        if generation_every and not summary.get("stopped_in") and summary["steps"] < last:  # steps were resumed
             _assert_trained_after(out, summary["steps"], report)
         if control:
             _assert_differs_without_random_state(tmp_path, method, reference, begun, report)
@@ -412,3 +414,36 @@ def test_a_signal_as_the_process_exits_leaves_a_completed_run_completed(write_re
     result = run_ft("train", str(write_recipe(recipe)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "completed"
+
+
+SIGTERM_TO_THE_LAUNCHER_AT_EVALUATE = """
+import os
+import signal
+
+from transformers import TrainerCallback
+
+
+class SigtermToTheLauncherAtEvaluate(TrainerCallback):
+    \"\"\"Rank 0 sends SIGTERM to ft's launcher (its parent) as the final evaluation ends, after the last step; the
+    launcher passes it on to both ranks.\"\"\"
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if os.environ.get("RANK") == "0":
+            os.kill(os.getppid(), signal.SIGTERM)
+"""
+
+
+def test_a_signal_after_the_last_step_on_two_processes_leaves_the_run_completed_and_exits_0(write_recipe, tmp_path):
+    """On two processes the launcher takes the signal and passes it on; when it comes after the last step the ranks
+    complete the run as one process does (final/ saved, the summary completed with ``late_signal``) and end 0, and so
+    must ft: it ended 143, which a scheduler takes for a stop to resume (found by the moments check: RLOO on two
+    processes, a SIGTERM in the run's last seconds)."""
+    (tmp_path / "sigterm_to_the_launcher.py").write_text(SIGTERM_TO_THE_LAUNCHER_AT_EVALUATE)
+    recipe = tiny_sft(tmp_path / "out", max_steps=2, eval_strategy="no")
+    recipe["launch"] = {"num_processes": 2}
+    recipe["callbacks"] = [{"cls": "sigterm_to_the_launcher:SigtermToTheLauncherAtEvaluate"}]
+    result = run_ft("train", str(write_recipe(recipe)))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["late_signal"]["signal"] == "SIGTERM", summary
+    assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
+    assert result.returncode == 0, result.stderr[-3000:]

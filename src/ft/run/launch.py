@@ -319,11 +319,13 @@ def _accelerate(launch: Launch, args: list[str], relay: _PassSignalsOn) -> dict[
 def ended_with(failures: dict[int, int], received: int | None, say: Callable[[str], None],
                launch: Launch | None = None, command: str = "") -> int:
     """The exit code ft ends with, from ``failures`` ({rank: its exit code, negative when a signal killed it}) and
-    the stop signal this launcher ``received`` (None: none): the ranks' stop (143, 130) when they stopped for it, or,
-    on one of several machines, for a signal another machine received (said, with the command to run again on each);
-    2 when the ranks refused the run (they said why); else 1, naming each failed rank."""
+    the stop signal this launcher ``received`` (None: none): 0 when every rank ended 0, a signal received or not (it
+    came after the last step, so the ranks completed the run and saved final/, as one process does); the ranks' stop
+    (143, 130) when they stopped for it, or, on one of several machines, for a signal another machine received (said,
+    with the command to run again on each); 2 when the ranks refused the run (they said why); else 1, naming each
+    failed rank."""
     if not failures:
-        return 0 if received is None else exit_code(received)
+        return 0
     codes = {abs(code) if code < 0 else code for code in failures.values()}
     stopped = {exit_code(signum) for signum in STOP_SIGNALS} | set(STOP_SIGNALS)
     if received is not None and codes <= stopped:
@@ -353,8 +355,7 @@ class _PassSignalsOn:
 
     The first is also written to ``note`` before it is passed on: a rank that was not yet ft's child then, or not yet
     the leader of its own group (torch starts the ranks while the signal may come), finds it there as it starts and
-    stops before its first step (``stop_if_the_launcher_was``), where it would have trained the whole run unsignalled
-    and ft would have ended 143 after it."""
+    stops before its first step (``stop_if_the_launcher_was``), rather than train the whole run unsignalled."""
 
     def __init__(self, note: Path | None = None):
         self.received: int | None = None
