@@ -1,8 +1,9 @@
 """A run stopped by SIGTERM and resumed ends bit for bit where the uninterrupted run ends, also when training draws
 random numbers: LoRA dropout (also on streamed rows, and with lm-eval benchmarks scored at each checkpoint, which
 reseed every generator), NEFTune's noise, KTO and a reward model on a LoRA adapter, GRPO's sampling with one step per
-generation (two processes: tests/test_multiprocess.py; SFT and DPO with LoRA dropout, GRPO and RLOO with several steps
-per generation, stopped at random moments: tests/test_signal_any_moment.py).
+generation, also resumed in its third epoch (each epoch's order of the prompts; two processes:
+tests/test_multiprocess.py; SFT and DPO with LoRA dropout, GRPO and RLOO with several steps per generation, stopped
+at random moments: tests/test_signal_any_moment.py).
 
 The signal is sent by a callback at the end of a chosen step, and the next step is held at its start for longer
 than ft waits before it stops one process. transformers' own JIT checkpoint would therefore take its stop after that
@@ -74,6 +75,17 @@ def _grpo(steps_per_generation: int):
     return recipe
 
 
+def _grpo_third_epoch(out):
+    """16 prompts, 2 a step: an epoch is 8 steps, so the stop (step 20) and the resume fall in the third epoch, whose
+    order TRL's sampler draws from where the epochs before left its generator (ft seeds each epoch's order)."""
+    recipe = _grpo(1)(out)
+    prompts = out.parent / "prompts-16.jsonl"
+    prompts.write_text("".join((DATA / "prompts.jsonl").read_text().splitlines(keepends=True)[:16]))
+    recipe["data"]["train"][0]["path"] = str(prompts)
+    recipe["train"]["max_steps"] = 28
+    return recipe
+
+
 def _sft_lora(out):
     return {**_sft(out), "adapter": LORA_WITH_DROPOUT}
 
@@ -112,6 +124,7 @@ CASES = {
     "kto-lora-dropout": (_preference("kto"), 3),
     "reward-lora-dropout": (_preference("reward"), 3),  # the score head is trained whole beside the adapter
     "grpo-one-step-per-generation": (_grpo(1), 3),
+    "grpo-resumed-in-its-third-epoch": (_grpo_third_epoch, 19),
 }
 
 
